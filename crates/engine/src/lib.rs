@@ -1,0 +1,2 @@
+//! Engine.
+pub mod sampler;
