@@ -51,9 +51,10 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// Total number of elements (product of `shape`; validated not to overflow).
+    /// Total number of elements (product of `shape`; validated at parse
+    /// time to fit in an int64, saturating for hand-built infos).
     pub fn n_elements(&self) -> u64 {
-        self.shape.iter().product()
+        self.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d))
     }
 
     /// The shape padded with 1s to four dimensions, as ggml stores `ne`.

@@ -159,7 +159,21 @@ fn fixed<const N: usize, T>(
         .collect())
 }
 
-fn read_scalar(r: &mut Reader<'_>, type_id: u32, key: &str) -> Result<Value, GgufError> {
+fn invalid_type(key: &str, type_id: u32, offset: u64) -> GgufError {
+    GgufError::InvalidValueType {
+        key: key.to_string(),
+        type_id,
+        offset,
+    }
+}
+
+/// Reads a value of GGUF type `type_id` (whose id was read at `type_offset`).
+fn read_value(
+    r: &mut Reader<'_>,
+    type_id: u32,
+    type_offset: u64,
+    key: &str,
+) -> Result<Value, GgufError> {
     let what = || format!("value of metadata key '{key}'");
     Ok(match type_id {
         0 => Value::U8(u8::from_le_bytes(r.array(what)?)),
@@ -175,7 +189,8 @@ fn read_scalar(r: &mut Reader<'_>, type_id: u32, key: &str) -> Result<Value, Ggu
         10 => Value::U64(u64::from_le_bytes(r.array(what)?)),
         11 => Value::I64(i64::from_le_bytes(r.array(what)?)),
         12 => Value::F64(f64::from_le_bytes(r.array(what)?)),
-        _ => unreachable!("read_scalar called with non-scalar type {type_id}"),
+        9 => Value::Array(read_array(r, key, 1)?),
+        _ => return Err(invalid_type(key, type_id, type_offset)),
     })
 }
 
@@ -192,11 +207,7 @@ fn read_array(r: &mut Reader<'_>, key: &str, depth: usize) -> Result<ArrayValue,
     }
     let elem_type = r.u32(|| format!("array element type of metadata key '{key}'"))?;
     let Some(min_size) = min_value_size(elem_type) else {
-        return Err(GgufError::InvalidValueType {
-            key: key.to_string(),
-            type_id: elem_type,
-            offset: header_offset,
-        });
+        return Err(invalid_type(key, elem_type, header_offset));
     };
     let count_offset = r.offset();
     let count = r.u64(|| format!("array length of metadata key '{key}'"))?;
@@ -229,7 +240,7 @@ fn read_array(r: &mut Reader<'_>, key: &str, depth: usize) -> Result<ArrayValue,
         10 => ArrayValue::U64(fixed(r, count, key, u64::from_le_bytes)?),
         11 => ArrayValue::I64(fixed(r, count, key, i64::from_le_bytes)?),
         12 => ArrayValue::F64(fixed(r, count, key, f64::from_le_bytes)?),
-        _ => unreachable!("element type validated above"),
+        _ => return Err(invalid_type(key, elem_type, header_offset)),
     })
 }
 
@@ -250,17 +261,7 @@ fn read_kv(r: &mut Reader<'_>, index: u64, metadata: &mut Metadata) -> Result<()
     }
     let type_offset = r.offset();
     let type_id = r.u32(|| format!("value type of metadata key '{key}'"))?;
-    let value = match type_id {
-        9 => Value::Array(read_array(r, &key, 1)?),
-        t if min_value_size(t).is_some() => read_scalar(r, t, &key)?,
-        t => {
-            return Err(GgufError::InvalidValueType {
-                key,
-                type_id: t,
-                offset: type_offset,
-            })
-        }
-    };
+    let value = read_value(r, type_id, type_offset, &key)?;
     let inserted = metadata.insert(key, value);
     debug_assert!(inserted, "duplicates are rejected above");
     Ok(())
