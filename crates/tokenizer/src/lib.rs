@@ -10,7 +10,7 @@
 //!   inputs and helpers llama.cpp's `/apply-template` uses.
 
 mod bpe;
-// mod chat;
+mod chat;
 mod pretok;
 mod pretype;
 mod spm;
@@ -19,7 +19,7 @@ mod tokenizer;
 mod unicode;
 mod unicode_table;
 
-// pub use chat::ChatTemplate;
+pub use chat::ChatTemplate;
 pub use stream::StreamDecoder;
 pub use tokenizer::{SpecialTokenIds, Tokenizer, TokenizerConfig, TokenizerKind};
 
