@@ -318,13 +318,19 @@ impl ChatTemplate {
             Value::from_serialize(json!([{"role": "user", "content": STR_MARK}])),
             no_tools(),
         ));
+        let typed_used = Arc::new(AtomicBool::new(false));
+        let typed = Value::from_object(Tracked {
+            inner: Value::from_serialize(json!([{"type": "text", "text": TYPED_MARK}])),
+            used: typed_used.clone(),
+        });
         let as_typed = self.run(base(
-            Value::from_serialize(
-                json!([{"role": "user", "content": [{"type": "text", "text": TYPED_MARK}]}]),
-            ),
+            Value::from(vec![Value::from_iter([
+                ("role", Value::from("user")),
+                ("content", typed),
+            ])]),
             no_tools(),
         ));
-        caps.typed_content = as_typed.as_ref().is_ok_and(|s| s.contains(TYPED_MARK));
+        caps.typed_content = as_typed.is_ok() && typed_used.load(Ordering::Relaxed);
         caps.string_content = match &as_string {
             Ok(s) => s.contains(STR_MARK) || !caps.typed_content,
             Err(_) => !caps.typed_content,
@@ -344,7 +350,7 @@ impl ChatTemplate {
 
         // Tool calls, with arguments as an object that records being read.
         let used = Arc::new(AtomicBool::new(false));
-        let args = Value::from_object(TrackedMap {
+        let args = Value::from_object(Tracked {
             inner: Value::from_iter([("arg", Value::from("value"))]),
             used: used.clone(),
         });
@@ -582,16 +588,21 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
-/// A map that records whether the template looked inside it.
+/// A map or list that records whether the template looked inside it
+/// (indexing, attribute lookup, iteration, `tojson`); printing it, testing
+/// it for truth or taking its length does not count.
 #[derive(Debug)]
-struct TrackedMap {
+struct Tracked {
     inner: Value,
     used: Arc<AtomicBool>,
 }
 
-impl Object for TrackedMap {
+impl Object for Tracked {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
-        ObjectRepr::Map
+        match self.inner.kind() {
+            ValueKind::Seq => ObjectRepr::Seq,
+            _ => ObjectRepr::Map,
+        }
     }
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         self.used.store(true, Ordering::Relaxed);
@@ -600,7 +611,8 @@ impl Object for TrackedMap {
     fn enumerate(self: &Arc<Self>) -> Enumerator {
         self.used.store(true, Ordering::Relaxed);
         match self.inner.try_iter() {
-            Ok(keys) => Enumerator::Values(keys.collect()),
+            // Keys of a map, items of a list.
+            Ok(items) => Enumerator::Values(items.collect()),
             Err(_) => Enumerator::Empty,
         }
     }
