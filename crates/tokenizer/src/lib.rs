@@ -9,6 +9,9 @@
 //! - [`ChatTemplate`]: the model's Jinja chat template rendered with the same
 //!   inputs and helpers llama.cpp's `/apply-template` uses.
 
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
 mod bpe;
 mod chat;
 mod pretok;
@@ -28,7 +31,7 @@ pub use tokenizer::{SpecialTokenIds, Tokenizer, TokenizerConfig, TokenizerKind};
 #[non_exhaustive]
 pub enum TokenizerError {
     /// `tokenizer.ggml.model` names an algorithm this crate does not implement.
-    #[error("unsupported tokenizer model '{0}' (supported: llama, gpt2)")]
+    #[error("unsupported tokenizer model '{0}' (supported: llama, gpt2, gemma4)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not know.
     #[error("unsupported pre-tokenizer '{0}'")]

@@ -62,6 +62,34 @@ const RE_MINICPM5: [&str; 2] = [
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
 
+const RE_JAIS2: &str = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}";
+const RE_SPARK2_5: [&str; 4] = [
+    "\\p{N}{1,3}",
+    "[\u{4E00}-\u{9FA5}\u{3040}-\u{309F}\u{30A0}-\u{30FF}]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+",
+    "\\p{N}",
+];
+const RE_YOUTU: [&str; 2] = [
+    "[\u{AC00}-\u{D7A3}\u{3131}-\u{318E}]+|[\u{FF01}\u{2026}\u{201C}\u{201D}\u{2018}\u{2019}\u{2014}\u{FF1A}\u{FF1B}\u{FF0C}\u{3001}-\u{303F}\u{FE30}-\u{FE4F}]+|[\u{3105}-\u{312F}]+|[\u{4E00}-\u{9FA5}\u{3040}-\u{309F}\u{30A0}-\u{30FF}]+",
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+];
+const RE_CHAMELEON: [&str; 6] = [
+    "<sentinel:[0-9]+>",
+    "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+    "([\\t\\n]|    |  )",
+    "\\p{N}",
+    "[\\p{P}!-/:-@\\[-`{-~]",
+    RE_GPT2,
+];
+const RE_GRANITE_EMB_MULTI: &str = "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))*((?=[\\p{L}\\p{M}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))+((?=[\\p{L}\\p{M}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const RE_TINY_AYA: [&str; 2] = [
+    "\\d{1,3}(?=(?:\\d{3})*\\b)",
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+];
+const RE_SUPERBPE: [&str; 2] = ["\\p{N}+", "(?=(\\d{3})+(?!\\d))"];
+const RE_UFAKZEKA: &str = "[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const RE_EXAONE_MOE: &str = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+";
+
 impl PreType {
     fn base(name: &'static str, regexes: &[&'static str]) -> PreType {
         PreType {
@@ -137,12 +165,31 @@ impl PreType {
             }
             "minicpm5" => PreType::base("minicpm5", &RE_MINICPM5).ignore_merges(),
             "laguna" => PreType::base("laguna", &[RE_NEWLINES, RE_QWEN2]).no_clean(),
-            "gemma4" => {
-                let mut t = PreType::base("gemma4", &[RE_NEWLINES]);
+            "jais-2" => PreType::base("jais2", &[RE_JAIS2]),
+            "spark2_5" => PreType::base("spark2_5", &RE_SPARK2_5).no_clean(),
+            "youtu" => PreType::base("youtu", &RE_YOUTU).no_clean().ignore_merges(),
+            "chameleon" => PreType::base("chameleon", &RE_CHAMELEON).no_clean().bos(),
+            "granite-embed-multi-97m" => {
+                PreType::base("granite-emb-multi", &[RE_GRANITE_EMB_MULTI])
+                    .no_clean()
+                    .ignore_merges()
+            }
+            "tiny_aya" | "cohere2moe" => PreType::base("tiny_aya", &RE_TINY_AYA).no_clean(),
+            "superbpe" => PreType::base("superbpe", &RE_SUPERBPE).no_clean(),
+            "ufakzeka" => PreType::base("ufakzeka", &[RE_UFAKZEKA]).no_clean(),
+            "exaone-moe" => PreType::base("exaone-moe", &[RE_EXAONE_MOE]),
+            "gemma4" | "granite-embed-multi-311m" | "sarvam-moe" => {
+                let name = if pre == "sarvam-moe" {
+                    "sarvam-moe"
+                } else {
+                    "gemma4"
+                };
+                let mut t = PreType::base(name, &[RE_NEWLINES]);
                 t.escape_whitespaces = true;
                 t.byte_encode = false;
-                t.newline_words = true;
-                t.add_bos = true;
+                t.newline_words = pre != "sarvam-moe";
+                t.clean_spaces = pre != "sarvam-moe";
+                t.add_bos = pre != "sarvam-moe";
                 t
             }
             other => return Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
@@ -180,6 +227,16 @@ mod tests {
             "minicpm5",
             "laguna",
             "gemma4",
+            "jais-2",
+            "spark2_5",
+            "youtu",
+            "chameleon",
+            "granite-embed-multi-97m",
+            "tiny_aya",
+            "superbpe",
+            "ufakzeka",
+            "exaone-moe",
+            "sarvam-moe",
         ] {
             let t = PreType::lookup(Some(name)).unwrap();
             PreTokenizer::new(&t.regexes).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -31,7 +31,7 @@ pub enum TokenizerKind {
     /// byte fallback (`tokenizer.ggml.model` = `llama`).
     Spm,
     /// Byte-pair encoding with ranked merges and a pre-tokenizer
-    /// (`tokenizer.ggml.model` = `gpt2`).
+    /// (`tokenizer.ggml.model` = `gpt2`, or `gemma4` for SPM-style BPE).
     Bpe,
 }
 
@@ -314,17 +314,20 @@ impl Tokenizer {
         }
         let kind = match cfg.model.as_str() {
             "llama" => TokenizerKind::Spm,
-            "gpt2" => TokenizerKind::Bpe,
+            "gpt2" | "gemma4" => TokenizerKind::Bpe,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
 
         // Defaults per model type (llama.cpp), then metadata overrides.
         let pretype = match kind {
+            // A `gemma4` vocabulary always uses the Gemma-4 pre-tokenizer.
+            TokenizerKind::Bpe if cfg.model == "gemma4" => Some(PreType::lookup(Some("gemma4"))?),
             TokenizerKind::Bpe => Some(PreType::lookup(cfg.pre.as_deref())?),
             TokenizerKind::Spm => None,
         };
         let (mut bos, mut eos, mut unk) = match kind {
             TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
+            TokenizerKind::Bpe if cfg.model == "gemma4" => (None, None, None),
             TokenizerKind::Bpe => (Some(11), Some(11), None),
         };
         if matches!(cfg.pre.as_deref(), Some("chatglm-bpe" | "glm4" | "glm5")) {

@@ -226,3 +226,52 @@ fn unsupported_vocabularies_are_errors() {
     })
     .is_err());
 }
+
+/// A tiny Gemma-4 style BPE vocabulary: `▁` for spaces, raw UTF-8 pieces,
+/// `<0xXX>` byte fallback, newline runs as whole tokens.
+fn gemma4_like() -> Tokenizer {
+    let mut tokens = vec!["<pad>".to_string(), "<eos>".into(), "<bos>".into()];
+    let mut types = vec![3, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    for t in ["▁", "h", "i", "▁h", "▁hi", "\n", "\n\n", "x"] {
+        tokens.push(t.into());
+        types.push(1);
+    }
+    Tokenizer::from_config(TokenizerConfig {
+        model: "gemma4".into(),
+        tokens,
+        token_types: Some(types),
+        merges: Some(vec!["▁ h".into(), "▁h i".into(), "\n \n".into()]),
+        special: SpecialTokenIds {
+            bos: Some(2),
+            eos: Some(1),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn gemma4_style_bpe() {
+    let t = gemma4_like();
+    assert_eq!(t.kind(), TokenizerKind::Bpe);
+    // BOS is always added for Gemma-4 vocabularies.
+    assert!(t.add_bos());
+    let ids = t.encode(" hi\n\nxé", true, false);
+    assert_eq!(
+        ids,
+        vec![
+            2,
+            id(&t, "▁hi"),
+            id(&t, "\n\n"),
+            id(&t, "x"),
+            id(&t, "<0xC3>"),
+            id(&t, "<0xA9>")
+        ]
+    );
+    assert_eq!(t.decode(&ids, true), " hi\n\nxé");
+}
