@@ -516,3 +516,26 @@ fn tensor_bytes_of_foreign_info_never_panics() {
     t.n_bytes = u64::MAX;
     assert!(f.tensor_bytes(&t).is_empty());
 }
+
+#[test]
+fn file_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync + 'static>(_: &T) {}
+    let f = std::sync::Arc::new(parse(&sample()).unwrap());
+    assert_send_sync(&f);
+    let g = std::sync::Arc::clone(&f);
+    let n = std::thread::spawn(move || {
+        g.metadata()
+            .get_i32_array("llama.head_count_kv")
+            .unwrap()
+            .unwrap()
+            .len()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(n, 2);
+    // The lazily converted u32 view is built once and shared.
+    assert_eq!(
+        f.metadata().get_u32_array("llama.head_count_kv").unwrap(),
+        Some(&[2, 4][..])
+    );
+}
