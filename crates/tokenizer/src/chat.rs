@@ -120,6 +120,22 @@ impl ChatTemplate {
         Ok(t)
     }
 
+    /// The model's template, or llama.cpp's ChatML fallback when it has none
+    /// (either way with the model's BOS/EOS text).
+    pub fn for_model(f: &GgufFile, tok: &Tokenizer) -> Result<Self, TokenizerError> {
+        if let Some(t) = Self::from_gguf(f, tok)? {
+            return Ok(t);
+        }
+        let piece = |id: Option<u32>| {
+            id.map(|i| String::from_utf8_lossy(tok.token_piece(i, true)).into_owned())
+                .unwrap_or_default()
+        };
+        let mut t = Self::new(CHATML_SOURCE, &piece(tok.bos()), &piece(tok.eos()))?;
+        t.strip_bos = tok.add_bos();
+        t.strip_eos = tok.add_eos();
+        Ok(t)
+    }
+
     /// The ChatML template llama.cpp falls back to when a model has none.
     pub fn chatml() -> Self {
         Self::new(CHATML_SOURCE, "", "").expect("built-in ChatML template compiles")

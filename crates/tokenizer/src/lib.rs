@@ -8,6 +8,23 @@
 //!   UTF-8.
 //! - [`ChatTemplate`]: the model's Jinja chat template rendered with the same
 //!   inputs and helpers llama.cpp's `/apply-template` uses.
+//!
+//! Known deviations from llama.cpp (none affect the recorded fixtures):
+//! - Pre-tokenizer regexes other than the GPT-2 / Llama-3 / Qwen2 / Qwen3.5 /
+//!   digit / newline ones run on Oniguruma (Unicode properties) instead of
+//!   llama.cpp's `std::regex` over category-collapsed text; `kimi-k2`,
+//!   `afmoe`, `mmbert` and `whitespace` pre-tokenizers and the WPM, UGM, RWKV
+//!   and PLaMo-2 vocabularies are not supported.
+//! - When several tokens look like an end-of-turn token and the file names
+//!   none, [`Tokenizer::eot`] picks the lowest id (llama.cpp takes whichever
+//!   its hash map yields first); the end-of-generation set is the same.
+//! - Special tokens of equal length are tried in id order (llama.cpp's sort
+//!   is unstable); this only matters for overlapping equal-length tokens.
+//! - Chat-template capabilities are found by rendering probes instead of
+//!   llama.cpp's usage statistics; llama.cpp's model-specific chat handlers
+//!   (GPT-OSS, Gemma 4, …) and reasoning-effort inputs are not reproduced;
+//!   non-text content parts are dropped rather than rejected; `tojson`
+//!   supports `sort_keys`; `strftime_now` uses UTC.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

@@ -17,9 +17,7 @@ fn check_model(dir: &str, file: &str, require_fixture: bool) {
         return;
     };
     let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
-    let tmpl = ChatTemplate::from_gguf(&gguf, &tok)
-        .expect("template compiles")
-        .unwrap_or_else(ChatTemplate::chatml);
+    let tmpl = ChatTemplate::for_model(&gguf, &tok).expect("template compiles");
     let fixture = load_fixture(dir, "chat.json");
     let props = &fixture["server"]["props"];
     if let Some(bos) = props["bos_token"].as_str() {

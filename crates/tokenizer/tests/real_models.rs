@@ -151,5 +151,11 @@ fn building_tokenizers_is_fast() {
         assert!(took < budget(Duration::from_millis(900)), "{dir}: {took:?}");
         let tmpl = ChatTemplate::from_gguf(&gguf, &tok).expect("template");
         assert_eq!(tmpl.is_some(), dir != "gemma3", "{dir}");
+        // gemma3 has no template: ChatML with its own BOS/EOS text.
+        let any = ChatTemplate::for_model(&gguf, &tok).expect("template");
+        if dir == "gemma3" {
+            assert_eq!(any.source(), ChatTemplate::chatml().source());
+            assert_eq!((any.bos_token(), any.eos_token()), ("<bos>", "<eos>"));
+        }
     }
 }
