@@ -1,1 +1,297 @@
-//! Models.
+//! Model architectures as ggml graphs, one file per architecture under `arch/`.
+//!
+//! A [`Model`] is loaded once from a GGUF file (weights placed on a device) and is
+//! immutable afterwards. Each engine step calls [`Model::forward`] with a
+//! [`StepBatch`]: a flat list of tokens from any number of sequences, with their
+//! positions, the KV cells their keys/values go to and the attention mask saying
+//! which cells each token sees. It returns logits only for the rows asked for.
+
+mod arch;
+pub mod hparams;
+pub mod kv;
+mod layers;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, GgmlError, Scheduler, Tensor};
+use tempo9_gguf::{GgufError, GgufFile};
+
+pub use hparams::{Arch, HParams};
+pub use kv::{KvStore, MaskBuilder};
+use layers::{Builder, Inputs};
+use weights::{SpecList, Weights};
+
+/// Errors from loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The GGUF file is invalid.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// A ggml call failed.
+    #[error(transparent)]
+    Ggml(#[from] GgmlError),
+    /// The architecture is not implemented.
+    #[error("unsupported model architecture '{0}' (supported: llama, qwen2, gemma3)")]
+    UnsupportedArch(String),
+    /// A required metadata key is missing.
+    #[error("missing metadata key {0}")]
+    MissingKey(String),
+    /// A required tensor is missing.
+    #[error("missing tensor {0}")]
+    MissingTensor(String),
+    /// A tensor has the wrong shape or size.
+    #[error("tensor {name} has shape {have:?}, expected {want:?}")]
+    TensorShape {
+        /// Tensor name.
+        name: String,
+        /// Expected dims.
+        want: Vec<usize>,
+        /// Dims in the file.
+        have: Vec<u64>,
+    },
+    /// Inconsistent hyper-parameters.
+    #[error("invalid hyper-parameters: {0}")]
+    BadHParams(String),
+    /// A feature of the file is not supported.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The step batch is malformed.
+    #[error("invalid batch: {0}")]
+    BadBatch(String),
+}
+
+/// One forward step over tokens of one or more sequences.
+#[derive(Debug, Clone, Default)]
+pub struct StepBatch {
+    /// Token ids, flattened over sequences.
+    pub tokens: Vec<u32>,
+    /// Position of each token in its sequence.
+    pub positions: Vec<i32>,
+    /// KV cell each token's keys and values are written to.
+    pub kv_slots: Vec<i64>,
+    /// Attention spans cells `0..n_kv`.
+    pub n_kv: usize,
+    /// Full-attention mask, `[n_kv, n_tokens]` F16 bits (see [`MaskBuilder`]).
+    pub mask: Vec<u16>,
+    /// Sliding-window mask of the same shape, for models with sliding-window layers.
+    pub mask_swa: Option<Vec<u16>>,
+    /// Token rows whose logits are returned, in this order.
+    pub output_rows: Vec<i32>,
+}
+
+enum Graphs {
+    Llama(arch::llama::Llama),
+    Gemma3(arch::gemma3::Gemma3),
+}
+
+/// Compute resources of one executor of steps: the backends and the scheduler that
+/// splits graphs between them. Owned by the engine thread.
+pub struct Executor {
+    sched: Scheduler,
+}
+
+impl Executor {
+    /// An executor for `device` (plus the CPU for anything the device cannot run).
+    pub fn new(device: Device, threads: usize) -> Result<Executor, ModelError> {
+        let mut backends = Vec::new();
+        if device.kind() != DeviceKind::Cpu {
+            backends.push(Backend::new(device)?);
+        }
+        let cpu = Backend::new(Device::cpu())?;
+        cpu.set_threads(threads);
+        backends.push(cpu);
+        Ok(Executor {
+            sched: Scheduler::new(backends, MAX_NODES)?,
+        })
+    }
+
+    /// Bytes of the scheduler's compute buffers (grow with the largest step so far).
+    pub fn compute_bytes(&self) -> usize {
+        self.sched.compute_buffer_bytes()
+    }
+}
+
+const MAX_NODES: usize = 16384;
+
+/// Options for loading a model.
+pub struct LoadOptions<'p> {
+    /// Device the weights and graphs go to.
+    pub device: Device,
+    /// Called with (bytes done, bytes total) while weights load.
+    pub progress: Option<&'p mut dyn FnMut(u64, u64)>,
+    /// Copy CPU matmul weights into ggml's repacked layouts (faster; costs RAM).
+    pub repack: bool,
+}
+
+impl LoadOptions<'_> {
+    /// Defaults for `device`: repacking on, no progress callback.
+    pub fn new(device: Device) -> Self {
+        LoadOptions {
+            device,
+            progress: None,
+            repack: true,
+        }
+    }
+}
+
+/// A loaded model: hyper-parameters, weights on a device, and its graph builder.
+pub struct Model {
+    hp: HParams,
+    weights: Weights,
+    graphs: Graphs,
+    device: Device,
+    file: Arc<GgufFile>,
+}
+
+impl Model {
+    /// Opens and validates a GGUF file, then loads its weights.
+    pub fn load(path: &Path, opts: LoadOptions<'_>) -> Result<Model, ModelError> {
+        let file = Arc::new(GgufFile::open(path)?);
+        Model::from_gguf(file, opts)
+    }
+
+    /// Loads weights of an already opened GGUF file.
+    pub fn from_gguf(file: Arc<GgufFile>, mut opts: LoadOptions<'_>) -> Result<Model, ModelError> {
+        let hp = HParams::from_gguf(&file)?;
+        let mut specs = SpecList::default();
+        let graphs = match hp.arch {
+            Arch::Llama => {
+                Graphs::Llama(arch::llama::Llama::declare(&hp, &file, &mut specs, false))
+            }
+            Arch::Qwen2 => Graphs::Llama(arch::qwen2::declare(&hp, &file, &mut specs)),
+            Arch::Gemma3 => Graphs::Gemma3(arch::gemma3::Gemma3::declare(&hp, &file, &mut specs)),
+        };
+        let mut no_progress = |_: u64, _: u64| {};
+        let progress: &mut dyn FnMut(u64, u64) = match opts.progress.as_mut() {
+            Some(p) => *p,
+            None => &mut no_progress,
+        };
+        let weights = Weights::load(&file, specs.specs(), opts.device, opts.repack, progress)?;
+        tracing::info!(arch = hp.arch.name(), layers = hp.n_layer, placement = ?weights.placement, "model loaded");
+        Ok(Model {
+            hp,
+            weights,
+            graphs,
+            device: opts.device,
+            file,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn hparams(&self) -> &HParams {
+        &self.hp
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The GGUF file the model came from.
+    pub fn gguf(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    /// Bytes of weights per placement (`mmap` = read in place from the file).
+    pub fn weight_placement(&self) -> &[(String, usize)] {
+        &self.weights.placement
+    }
+
+    /// A KV pool of `n_cells` cells for this model on its device.
+    pub fn new_kv(&self, n_cells: usize) -> Result<KvStore, ModelError> {
+        KvStore::new(&self.hp, self.device, n_cells)
+    }
+
+    fn check(&self, b: &StepBatch, kv: &KvStore) -> Result<(), ModelError> {
+        let n = b.tokens.len();
+        let bad = |s: String| Err(ModelError::BadBatch(s));
+        if n == 0 {
+            return bad("no tokens".into());
+        }
+        if b.positions.len() != n || b.kv_slots.len() != n {
+            return bad("positions/kv_slots length differs from tokens".into());
+        }
+        if b.n_kv == 0 || b.n_kv > kv.n_cells() {
+            return bad(format!("n_kv {} outside 1..={}", b.n_kv, kv.n_cells()));
+        }
+        if b.mask.len() != b.n_kv * n || b.mask_swa.as_ref().is_some_and(|m| m.len() != b.n_kv * n)
+        {
+            return bad("mask size is not n_kv * n_tokens".into());
+        }
+        if b.tokens.iter().any(|&t| t as usize >= self.hp.n_vocab) {
+            return bad("token id outside the vocabulary".into());
+        }
+        if b.kv_slots.iter().any(|&s| s < 0 || s as usize >= b.n_kv) {
+            return bad("kv slot outside 0..n_kv".into());
+        }
+        if b.output_rows.is_empty() || b.output_rows.iter().any(|&r| r < 0 || r as usize >= n) {
+            return bad("output rows empty or out of range".into());
+        }
+        Ok(())
+    }
+
+    /// Runs one step: writes the batch's K/V into `kv` and returns logits,
+    /// `output_rows.len() * n_vocab` floats in output-row order.
+    pub fn forward(
+        &self,
+        exec: &mut Executor,
+        kv: &KvStore,
+        batch: &StepBatch,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.check(batch, kv)?;
+        let n_t = batch.tokens.len();
+        let n_out = batch.output_rows.len();
+        let ctx = Context::new(MAX_NODES * 2, MAX_NODES)?;
+        let inp = Inputs {
+            tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
+            pos: ctx.new_input("inp_pos", DType::I32, &[n_t as i64]),
+            slots: ctx.new_input("inp_kv_slots", DType::I64, &[n_t as i64]),
+            mask: ctx.new_input("inp_mask", DType::F16, &[batch.n_kv as i64, n_t as i64]),
+            mask_swa: batch.mask_swa.as_ref().map(|_| {
+                ctx.new_input("inp_mask_swa", DType::F16, &[batch.n_kv as i64, n_t as i64])
+            }),
+            out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
+            n_kv: batch.n_kv,
+            n_tokens: n_t,
+        };
+        if self.hp.swa_window.is_some() && inp.mask_swa.is_none() {
+            return Err(ModelError::BadBatch(
+                "model has sliding-window layers but no mask_swa".into(),
+            ));
+        }
+        let graph = ctx.new_graph(MAX_NODES);
+        let mut b = Builder {
+            ctx: &ctx,
+            graph,
+            w: &self.weights,
+            kv,
+            hp: &self.hp,
+            inp,
+        };
+        let logits: Tensor<'_> = match &self.graphs {
+            Graphs::Llama(g) => g.build(&mut b),
+            Graphs::Gemma3(g) => g.build(&mut b),
+        };
+        logits.set_output();
+        b.graph.expand(logits);
+        let Builder { graph, inp, .. } = b;
+        exec.sched.alloc(&graph)?;
+        let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
+        inp.tokens.write(&toks)?;
+        inp.pos.write(&batch.positions)?;
+        inp.slots.write(&batch.kv_slots)?;
+        inp.mask.write(&batch.mask)?;
+        if let (Some(t), Some(m)) = (inp.mask_swa, &batch.mask_swa) {
+            if t.is_allocated() {
+                t.write(m)?;
+            }
+        }
+        inp.out_ids.write(&batch.output_rows)?;
+        exec.sched.compute(&graph)?;
+        let mut out = vec![0f32; n_out * self.hp.n_vocab];
+        logits.read_f32(0, &mut out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,64 @@
+//! Shared test helpers: locating the real models and the llama.cpp fixtures.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tempo9_ggml::Device;
+use tempo9_models::{LoadOptions, Model};
+
+/// The three real models: (fixture dir, file name).
+pub const MODELS: [(&str, &str); 3] = [
+    ("smollm2", "smollm2-135m-instruct-q4_1.gguf"),
+    ("qwen2.5-coder", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ("gemma3", "gemma-3-270m-q4_k_m.gguf"),
+];
+
+/// Path of a real model; panics (fails the test) when missing unless
+/// TEMPO9_SKIP_MODEL_TESTS=1, in which case it returns None.
+pub fn model_path(file: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("TEMPO9_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tempo9/models")
+        });
+    let p = dir.join(file);
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var("TEMPO9_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
+        eprintln!("skipping: {} missing", p.display());
+        return None;
+    }
+    panic!(
+        "model {} missing: run scripts/fetch-models.sh (or set TEMPO9_SKIP_MODEL_TESTS=1)",
+        p.display()
+    );
+}
+
+/// Loads a real model on the CPU.
+pub fn load(file: &str) -> Option<Arc<Model>> {
+    let p = model_path(file)?;
+    Some(Arc::new(
+        Model::load(&p, LoadOptions::new(Device::cpu())).expect("load model"),
+    ))
+}
+
+/// Reads a fixture JSON file under tests/fixtures.
+pub fn fixture(rel: &str) -> serde_json::Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel);
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()));
+    serde_json::from_str(&s).expect("fixture JSON")
+}
+
+/// u32 ids from a JSON array.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}

@@ -1,0 +1,543 @@
+//! Devices, backends, buffers and the graph scheduler (ggml's generic backend API:
+//! the same calls serve the CPU, CUDA and Metal).
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::context::{Context, Graph, Tensor};
+use crate::{DType, GgmlError};
+
+fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: ggml returns NUL-terminated static strings.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Routes ggml's log output into `tracing` (debug level for info, warn/error kept).
+pub fn init_logging() {
+    unsafe extern "C" fn log_cb(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+        let msg = cstr(text);
+        let msg = msg.trim_end();
+        if msg.is_empty() {
+            return;
+        }
+        match level {
+            sys::GGML_LOG_LEVEL_ERROR => tracing::error!(target: "ggml", "{msg}"),
+            sys::GGML_LOG_LEVEL_WARN => tracing::warn!(target: "ggml", "{msg}"),
+            _ => tracing::debug!(target: "ggml", "{msg}"),
+        }
+    }
+    // SAFETY: the callback is a plain function valid for the program's life.
+    unsafe { sys::ggml_log_set(Some(log_cb), std::ptr::null_mut()) };
+}
+
+/// Loads a ggml backend library (e.g. `libggml-cuda.so`) so its devices become
+/// visible to [`Device::all`]. The library must be built from the same ggml source.
+pub fn load_backend(path: &Path) -> Result<(), GgmlError> {
+    let s = path.to_string_lossy().into_owned();
+    let c = CString::new(s.clone()).map_err(|_| GgmlError::BackendLoad(s.clone()))?;
+    // SAFETY: valid C string; ggml returns null on failure.
+    let reg = unsafe { sys::ggml_backend_load(c.as_ptr()) };
+    if reg.is_null() {
+        return Err(GgmlError::BackendLoad(s));
+    }
+    Ok(())
+}
+
+/// Kind of compute device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host CPU.
+    Cpu,
+    /// A discrete GPU.
+    Gpu,
+    /// An integrated GPU sharing host memory.
+    IGpu,
+    /// Another accelerator.
+    Accel,
+}
+
+/// A compute device registered with ggml (static for the program's life).
+#[derive(Clone, Copy)]
+pub struct Device {
+    ptr: NonNull<sys::ggml_backend_device>,
+}
+
+// SAFETY: device handles are immutable registry entries, valid for the program's life.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+impl Device {
+    /// All devices ggml knows (the CPU plus any loaded backend's devices).
+    pub fn all() -> Vec<Device> {
+        // SAFETY: registry queries.
+        let n = unsafe { sys::ggml_backend_dev_count() };
+        (0..n)
+            .filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_dev_get(i) }))
+            .map(|ptr| Device { ptr })
+            .collect()
+    }
+
+    /// The CPU device.
+    pub fn cpu() -> Device {
+        // Asking the CPU backend's own registry (rather than searching by type) also makes
+        // every binary link libggml-cpu directly, so it is found next to the binary.
+        // SAFETY: the CPU registry always has exactly one device.
+        let p = unsafe { sys::ggml_backend_reg_dev_get(sys::ggml_backend_cpu_reg(), 0) };
+        Device {
+            ptr: NonNull::new(p).expect("ggml has no CPU device"),
+        }
+    }
+
+    /// The first device of `kind`, if any.
+    pub fn first_of(kind: DeviceKind) -> Option<Device> {
+        Device::all().into_iter().find(|d| d.kind() == kind)
+    }
+
+    fn raw(&self) -> *mut sys::ggml_backend_device {
+        self.ptr.as_ptr()
+    }
+
+    /// Device name (e.g. `CPU`, `CUDA0`).
+    pub fn name(&self) -> String {
+        // SAFETY: live device.
+        cstr(unsafe { sys::ggml_backend_dev_name(self.raw()) })
+    }
+
+    /// Human-readable description.
+    pub fn description(&self) -> String {
+        // SAFETY: live device.
+        cstr(unsafe { sys::ggml_backend_dev_description(self.raw()) })
+    }
+
+    /// Device kind.
+    pub fn kind(&self) -> DeviceKind {
+        // SAFETY: live device.
+        match unsafe { sys::ggml_backend_dev_type(self.raw()) } {
+            sys::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IGpu,
+            _ => DeviceKind::Accel,
+        }
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn memory(&self) -> (usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers to locals.
+        unsafe { sys::ggml_backend_dev_memory(self.raw(), &mut free, &mut total) };
+        (free, total)
+    }
+
+    /// The device's default buffer type.
+    pub fn buffer_type(&self) -> BufferType {
+        // SAFETY: live device.
+        BufferType::from_raw(unsafe { sys::ggml_backend_dev_buffer_type(self.raw()) })
+            .expect("device without a buffer type")
+    }
+
+    fn proc_address(&self, name: &str) -> *mut c_void {
+        let c = CString::new(name).expect("static name");
+        // SAFETY: live device and its registry; returns null when absent.
+        unsafe {
+            let reg = sys::ggml_backend_dev_backend_reg(self.raw());
+            if reg.is_null() {
+                return std::ptr::null_mut();
+            }
+            sys::ggml_backend_reg_get_proc_address(reg, c.as_ptr())
+        }
+    }
+
+    /// Extra buffer types the device offers for weights (on the CPU: repacked layouts
+    /// that make quantized matmuls faster). Empty if none.
+    pub fn extra_buffer_types(&self) -> Vec<BufferType> {
+        let f = self.proc_address("ggml_backend_dev_get_extra_bufts");
+        if f.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the registry documents this signature for the name.
+        let f: unsafe extern "C" fn(
+            sys::ggml_backend_dev_t,
+        ) -> *mut sys::ggml_backend_buffer_type_t = unsafe { std::mem::transmute(f) };
+        let mut out = Vec::new();
+        // SAFETY: returns a null-terminated static array.
+        unsafe {
+            let mut p = f(self.raw());
+            while !p.is_null() && !(*p).is_null() {
+                out.extend(BufferType::from_raw(*p));
+                p = p.add(1);
+            }
+        }
+        out
+    }
+
+    /// Whether this device can run `mul_mat(weight, x)` with `weight` stored in `buft`.
+    /// Used to decide which weights may live in a repacked buffer type.
+    pub fn supports_mul_mat_in(&self, buft: BufferType, weight: Tensor<'_>) -> bool {
+        let Ok(ctx) = Context::new(2, 0) else {
+            return false;
+        };
+        let x = ctx.new_tensor(DType::F32, &[weight.ne()[0], 512]);
+        let op = ctx.mul_mat(weight, x);
+        // SAFETY: a zero-size buffer of `buft` stands in for the weight's future buffer while
+        // the device inspects the op; the weight's buffer field is restored before returning.
+        unsafe {
+            let dummy = sys::ggml_backend_buft_alloc_buffer(buft.raw(), 0);
+            if dummy.is_null() {
+                return false;
+            }
+            let w = weight.raw();
+            let saved = (*w).buffer;
+            (*w).buffer = dummy;
+            let ok = sys::ggml_backend_dev_supports_op(self.raw(), op.raw());
+            (*w).buffer = saved;
+            sys::ggml_backend_buffer_free(dummy);
+            ok
+        }
+    }
+
+    /// Whether `tensor`'s op can run on this device.
+    pub fn supports_op(&self, tensor: Tensor<'_>) -> bool {
+        // SAFETY: live device and tensor.
+        unsafe { sys::ggml_backend_dev_supports_op(self.raw(), tensor.raw()) }
+    }
+}
+
+/// A kind of backend memory (host RAM, a GPU's memory, a repacked CPU layout, …).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct BufferType {
+    ptr: NonNull<sys::ggml_backend_buffer_type>,
+}
+
+// SAFETY: buffer types are static registry entries.
+unsafe impl Send for BufferType {}
+unsafe impl Sync for BufferType {}
+
+impl std::fmt::Debug for BufferType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferType({})", self.name())
+    }
+}
+
+impl BufferType {
+    fn from_raw(p: sys::ggml_backend_buffer_type_t) -> Option<BufferType> {
+        NonNull::new(p).map(|ptr| BufferType { ptr })
+    }
+
+    fn raw(&self) -> sys::ggml_backend_buffer_type_t {
+        self.ptr.as_ptr()
+    }
+
+    /// The plain host-memory CPU buffer type.
+    pub fn cpu() -> BufferType {
+        // SAFETY: static buffer type.
+        BufferType::from_raw(unsafe { sys::ggml_backend_cpu_buffer_type() }).expect("cpu buft")
+    }
+
+    /// Name (e.g. `CPU`, `CPU_REPACK`, `CUDA0`).
+    pub fn name(&self) -> String {
+        // SAFETY: live buffer type.
+        cstr(unsafe { sys::ggml_backend_buft_name(self.raw()) })
+    }
+
+    /// Bytes `tensor` needs in a buffer of this type (may exceed its plain size, e.g. padding).
+    pub fn alloc_size(&self, tensor: Tensor<'_>) -> usize {
+        // SAFETY: live buffer type and tensor.
+        unsafe { sys::ggml_backend_buft_get_alloc_size(self.raw(), tensor.raw()) }
+    }
+
+    /// Alignment of tensor data in buffers of this type.
+    pub fn alignment(&self) -> usize {
+        // SAFETY: live buffer type.
+        unsafe { sys::ggml_backend_buft_get_alignment(self.raw()) }
+    }
+
+    /// Whether buffers of this type live in host memory.
+    pub fn is_host(&self) -> bool {
+        // SAFETY: live buffer type.
+        unsafe { sys::ggml_backend_buft_is_host(self.raw()) }
+    }
+
+    /// Allocates one buffer holding every not-yet-allocated tensor of `ctx`.
+    /// Returns `Ok(None)` when `ctx` has no tensor left to allocate.
+    pub fn alloc_tensors(&self, ctx: &Context) -> Result<Option<Buffer>, GgmlError> {
+        // SAFETY: live context and buffer type; null means nothing to allocate or failure,
+        // told apart by the size query.
+        unsafe {
+            let need =
+                sys::ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.raw_ptr(), self.raw());
+            if need == 0 {
+                return Ok(None);
+            }
+            let b = sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.raw_ptr(), self.raw());
+            match NonNull::new(b) {
+                Some(ptr) => Ok(Some(Buffer { ptr, _owner: None })),
+                None => Err(GgmlError::BufferAlloc {
+                    size: need,
+                    buft: self.name(),
+                }),
+            }
+        }
+    }
+
+    /// Allocates an uninitialised buffer of `size` bytes.
+    pub fn alloc(&self, size: usize) -> Result<Buffer, GgmlError> {
+        // SAFETY: returns null on failure.
+        let b = unsafe { sys::ggml_backend_buft_alloc_buffer(self.raw(), size) };
+        NonNull::new(b)
+            .map(|ptr| Buffer { ptr, _owner: None })
+            .ok_or(GgmlError::BufferAlloc {
+                size,
+                buft: self.name(),
+            })
+    }
+}
+
+/// Host bytes that a [`Buffer`] may wrap without copying (e.g. a memory-mapped model file).
+pub trait HostBytes: Send + Sync {
+    /// The bytes; must stay at the same address for the object's life.
+    fn host_bytes(&self) -> &[u8];
+}
+
+/// Backend memory holding tensor data.
+pub struct Buffer {
+    ptr: NonNull<sys::ggml_backend_buffer>,
+    // Keeps wrapped host memory (a model mapping) alive while the buffer points into it.
+    _owner: Option<Arc<dyn HostBytes>>,
+}
+
+// SAFETY: ggml buffers may be used from any thread; we never use one from two at once
+// without the engine's own synchronisation.
+unsafe impl Send for Buffer {}
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    /// Wraps host memory as a CPU buffer without copying. Tensors placed in it with
+    /// [`Buffer::place`] read their data straight from `bytes` (read-only use only).
+    /// Fails if the memory is not 32-byte aligned (memory maps always are).
+    pub fn from_host(bytes: Arc<dyn HostBytes>) -> Result<Buffer, GgmlError> {
+        let s = bytes.host_bytes();
+        // ggml aborts on host memory below its tensor alignment (32 bytes).
+        if !(s.as_ptr() as usize).is_multiple_of(32) {
+            return Err(GgmlError::BufferAlloc {
+                size: s.len(),
+                buft: "CPU(host ptr, unaligned)".into(),
+            });
+        }
+        // SAFETY: the memory stays alive (we hold `bytes`) and is aligned; ggml only reads weights.
+        let b =
+            unsafe { sys::ggml_backend_cpu_buffer_from_ptr(s.as_ptr() as *mut c_void, s.len()) };
+        let ptr = NonNull::new(b).ok_or(GgmlError::BufferAlloc {
+            size: s.len(),
+            buft: "CPU(host ptr)".into(),
+        })?;
+        Ok(Buffer {
+            ptr,
+            _owner: Some(bytes),
+        })
+    }
+
+    fn raw(&self) -> sys::ggml_backend_buffer_t {
+        self.ptr.as_ptr()
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        // SAFETY: live buffer.
+        unsafe { sys::ggml_backend_buffer_get_size(self.raw()) }
+    }
+
+    /// Name of the buffer's type.
+    pub fn type_name(&self) -> String {
+        // SAFETY: live buffer.
+        cstr(unsafe { sys::ggml_backend_buffer_name(self.raw()) })
+    }
+
+    /// Marks the buffer as holding weights (lets schedulers prefer its backend for ops on them).
+    pub fn mark_weights(&self) {
+        // SAFETY: live buffer.
+        unsafe {
+            sys::ggml_backend_buffer_set_usage(self.raw(), sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        }
+    }
+
+    /// Fills the whole buffer with `byte`.
+    pub fn clear(&self, byte: u8) {
+        // SAFETY: live buffer.
+        unsafe { sys::ggml_backend_buffer_clear(self.raw(), byte) }
+    }
+
+    /// Places an unallocated tensor at byte `offset` of this buffer (no copy).
+    pub fn place(&self, tensor: Tensor<'_>, offset: usize) -> Result<(), GgmlError> {
+        let err = |what: String| GgmlError::TensorData {
+            name: tensor.name(),
+            what,
+        };
+        if tensor.is_allocated() {
+            return Err(err("already allocated".into()));
+        }
+        if offset
+            .checked_add(tensor.nbytes())
+            .is_none_or(|e| e > self.size())
+        {
+            return Err(err(format!(
+                "{}+{} outside a {}-byte buffer",
+                offset,
+                tensor.nbytes(),
+                self.size()
+            )));
+        }
+        // SAFETY: range checked; base is the buffer's start.
+        let status = unsafe {
+            let base = sys::ggml_backend_buffer_get_base(self.raw()).cast::<u8>();
+            sys::ggml_backend_tensor_alloc(self.raw(), tensor.raw(), base.add(offset).cast())
+        };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(err(format!("tensor_alloc failed with status {status}")));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: we own the buffer; tensors using it are dropped with their owners first.
+        unsafe { sys::ggml_backend_buffer_free(self.raw()) }
+    }
+}
+
+/// A running backend (execution stream) on a device.
+pub struct Backend {
+    ptr: NonNull<sys::ggml_backend>,
+    device: Device,
+}
+
+// SAFETY: a backend is used by one thread at a time (the engine thread owns it).
+unsafe impl Send for Backend {}
+
+impl Backend {
+    /// Starts a backend on `device`.
+    pub fn new(device: Device) -> Result<Backend, GgmlError> {
+        // SAFETY: live device; null on failure.
+        let p = unsafe { sys::ggml_backend_dev_init(device.raw(), std::ptr::null()) };
+        NonNull::new(p)
+            .map(|ptr| Backend { ptr, device })
+            .ok_or_else(|| GgmlError::BackendInit(device.name()))
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Sets the number of CPU threads (no-op on backends without threads).
+    pub fn set_threads(&self, n: usize) {
+        let f = self.device.proc_address("ggml_backend_set_n_threads");
+        if f.is_null() {
+            return;
+        }
+        // SAFETY: documented signature for this registry name.
+        let f: unsafe extern "C" fn(sys::ggml_backend_t, c_int) = unsafe { std::mem::transmute(f) };
+        // SAFETY: live backend.
+        unsafe { f(self.ptr.as_ptr(), n.max(1) as c_int) };
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: we own the backend.
+        unsafe { sys::ggml_backend_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Runs graphs over one or more backends, splitting them by where weights live and
+/// allocating intermediate tensors in reusable compute buffers.
+pub struct Scheduler {
+    ptr: NonNull<sys::ggml_backend_sched>,
+    // Declared after `ptr` so the scheduler is freed before the backends it uses.
+    backends: Vec<Backend>,
+}
+
+// SAFETY: owned by the engine thread; moved, never shared.
+unsafe impl Send for Scheduler {}
+
+impl Scheduler {
+    /// A scheduler over `backends` in priority order; the last one must be the CPU.
+    pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<Scheduler, GgmlError> {
+        assert!(!backends.is_empty());
+        let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.ptr.as_ptr()).collect();
+        // SAFETY: live backends; default buffer types (null); op offload on.
+        let p = unsafe {
+            sys::ggml_backend_sched_new(
+                raw.as_mut_ptr(),
+                std::ptr::null_mut(),
+                raw.len() as c_int,
+                max_nodes,
+                false,
+                true,
+            )
+        };
+        let ptr = NonNull::new(p).ok_or_else(|| GgmlError::BackendInit("scheduler".into()))?;
+        Ok(Scheduler { ptr, backends })
+    }
+
+    /// The backends, in priority order.
+    pub fn backends(&self) -> &[Backend] {
+        &self.backends
+    }
+
+    /// Allocates all intermediate tensors of `graph`; after this, inputs can be written.
+    pub fn alloc(&mut self, graph: &Graph<'_>) -> Result<(), GgmlError> {
+        // SAFETY: live scheduler and graph.
+        unsafe {
+            sys::ggml_backend_sched_reset(self.ptr.as_ptr());
+            if !sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), graph.raw()) {
+                return Err(GgmlError::GraphAlloc);
+            }
+        }
+        Ok(())
+    }
+
+    /// Computes an allocated graph and waits for it.
+    pub fn compute(&mut self, graph: &Graph<'_>) -> Result<(), GgmlError> {
+        // SAFETY: graph allocated by `alloc`.
+        let status =
+            unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), graph.raw()) };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(GgmlError::Compute(cstr(unsafe {
+                sys::ggml_status_to_string(status)
+            })));
+        }
+        Ok(())
+    }
+
+    /// Total bytes of the scheduler's compute buffers.
+    pub fn compute_buffer_bytes(&self) -> usize {
+        self.backends
+            .iter()
+            // SAFETY: live scheduler and its backends.
+            .map(|b| unsafe {
+                sys::ggml_backend_sched_get_buffer_size(self.ptr.as_ptr(), b.ptr.as_ptr())
+            })
+            .sum()
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: we own the scheduler; backends are dropped after it.
+        unsafe { sys::ggml_backend_sched_free(self.ptr.as_ptr()) }
+    }
+}

@@ -1,0 +1,611 @@
+//! Contexts, tensors, graph building and the ops the model graphs use.
+
+use std::ffi::CStr;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::{DType, GgmlError};
+
+/// A ggml context: an arena that holds tensor metadata (never tensor data here:
+/// all contexts are `no_alloc`, data lives in backend buffers).
+pub struct Context {
+    ptr: NonNull<sys::ggml_context>,
+}
+
+// SAFETY: a context is only used by one thread at a time (it is not Sync); moving it
+// between threads is fine, ggml keeps no thread-local state for it.
+unsafe impl Send for Context {}
+
+impl Context {
+    /// A context with room for `n_tensors` tensor descriptors and, if `graph_nodes > 0`,
+    /// one graph of that many nodes.
+    pub fn new(n_tensors: usize, graph_nodes: usize) -> Result<Context, GgmlError> {
+        // SAFETY: pure size computations.
+        let mut size = n_tensors * unsafe { sys::ggml_tensor_overhead() };
+        if graph_nodes > 0 {
+            size += unsafe { sys::ggml_graph_overhead_custom(graph_nodes, false) };
+        }
+        let params = sys::ggml_init_params {
+            mem_size: size,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        // SAFETY: ggml_init allocates its own arena; null on failure.
+        let ptr = unsafe { sys::ggml_init(params) };
+        NonNull::new(ptr)
+            .map(|ptr| Context { ptr })
+            .ok_or(GgmlError::ContextAlloc(size))
+    }
+
+    fn raw(&self) -> *mut sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn raw_ptr(&self) -> *mut sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    fn wrap(&self, t: *mut sys::ggml_tensor) -> Tensor<'_> {
+        Tensor {
+            ptr: NonNull::new(t).expect("ggml returned a null tensor (context full?)"),
+            _ctx: PhantomData,
+        }
+    }
+
+    /// Checks that the context still has room for `n` more tensors; ggml aborts otherwise.
+    fn room(&self, n: usize) {
+        // SAFETY: reads arena counters of a live context.
+        let (used, size) = unsafe {
+            (
+                sys::ggml_used_mem(self.raw()),
+                sys::ggml_get_mem_size(self.raw()),
+            )
+        };
+        let need = n * unsafe { sys::ggml_tensor_overhead() };
+        assert!(
+            used + need <= size,
+            "ggml context full: {used}+{need} > {size} bytes"
+        );
+    }
+
+    /// A new tensor of `dtype` with dimensions `shape` (innermost first, 1–4 dims).
+    pub fn new_tensor(&self, dtype: DType, shape: &[i64]) -> Tensor<'_> {
+        assert!((1..=4).contains(&shape.len()), "tensor rank must be 1..=4");
+        assert!(
+            shape.iter().all(|&n| n > 0),
+            "tensor dims must be positive: {shape:?}"
+        );
+        self.room(1);
+        // SAFETY: arguments validated above; the context has room.
+        let t = unsafe {
+            sys::ggml_new_tensor(self.raw(), dtype.raw(), shape.len() as i32, shape.as_ptr())
+        };
+        self.wrap(t)
+    }
+
+    /// A new input tensor: allocated by the scheduler, filled with [`Tensor::write`].
+    pub fn new_input(&self, name: &str, dtype: DType, shape: &[i64]) -> Tensor<'_> {
+        let t = self.new_tensor(dtype, shape);
+        t.set_name(name);
+        // SAFETY: live tensor.
+        unsafe { sys::ggml_set_input(t.raw()) };
+        t
+    }
+
+    /// A new graph with room for `max_nodes` nodes.
+    pub fn new_graph(&self, max_nodes: usize) -> Graph<'_> {
+        // SAFETY: context sized for a graph by the caller (Context::new(_, graph_nodes)).
+        let g = unsafe { sys::ggml_new_graph_custom(self.raw(), max_nodes, false) };
+        Graph {
+            ptr: NonNull::new(g).expect("ggml_new_graph_custom returned null"),
+            _ctx: PhantomData,
+        }
+    }
+
+    // ---- ops -------------------------------------------------------------------------
+
+    fn op1(&self, f: impl FnOnce(*mut sys::ggml_context) -> *mut sys::ggml_tensor) -> Tensor<'_> {
+        self.room(1);
+        self.wrap(f(self.raw()))
+    }
+
+    /// Rows of `a` selected by the I32 index vector `idx` (dequantized to F32).
+    pub fn get_rows<'a>(&'a self, a: Tensor<'a>, idx: Tensor<'a>) -> Tensor<'a> {
+        assert!(idx.dtype() == DType::I32 || idx.dtype() == DType::I64);
+        // SAFETY: live tensors; index type checked.
+        self.op1(|c| unsafe { sys::ggml_get_rows(c, a.raw(), idx.raw()) })
+    }
+
+    /// Writes the rows of `b` into `a` at the row indices `idx`; returns a view of `a`
+    /// that depends on the write (read the updated `a` through it).
+    pub fn set_rows<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, idx: Tensor<'a>) -> Tensor<'a> {
+        assert_eq!(a.ne()[0], b.ne()[0], "set_rows: row length mismatch");
+        assert_eq!(b.ne()[1], idx.ne()[0], "set_rows: one index per row");
+        // SAFETY: shapes checked.
+        self.op1(|c| unsafe { sys::ggml_set_rows(c, a.raw(), b.raw(), idx.raw()) })
+    }
+
+    /// Matrix product `a^T b` in ggml's convention: `[k, m] x [k, n] -> [m, n]`.
+    pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        let (an, bn) = (a.ne(), b.ne());
+        assert!(
+            an[0] == bn[0] && bn[2] % an[2] == 0 && bn[3] % an[3] == 0,
+            "mul_mat shape mismatch: {:?} x {:?} ({})",
+            a.ne(),
+            b.ne(),
+            a.name()
+        );
+        // SAFETY: shapes checked above (ggml's own rule for mul_mat broadcasting).
+        self.op1(|c| unsafe { sys::ggml_mul_mat(c, a.raw(), b.raw()) })
+    }
+
+    fn check_repeat(a: Tensor<'_>, b: Tensor<'_>, op: &str) {
+        // SAFETY: live tensors.
+        assert!(
+            unsafe { sys::ggml_can_repeat(b.raw(), a.raw()) },
+            "{op}: {:?} does not broadcast to {:?}",
+            b.ne(),
+            a.ne()
+        );
+    }
+
+    /// Element-wise `a + b` (`b` broadcast over `a`).
+    pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        Self::check_repeat(a, b, "add");
+        // SAFETY: broadcast checked.
+        self.op1(|c| unsafe { sys::ggml_add(c, a.raw(), b.raw()) })
+    }
+
+    /// Element-wise `a * b` (`b` broadcast over `a`).
+    pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        Self::check_repeat(a, b, "mul");
+        // SAFETY: broadcast checked.
+        self.op1(|c| unsafe { sys::ggml_mul(c, a.raw(), b.raw()) })
+    }
+
+    /// `a * s`.
+    pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_scale(c, a.raw(), s) })
+    }
+
+    /// RMS normalisation over the first dimension.
+    pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_rms_norm(c, a.raw(), eps) })
+    }
+
+    /// `silu(a) * b` (SwiGLU with separate gate and up tensors).
+    pub fn swiglu_split<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        assert_eq!(a.ne(), b.ne(), "swiglu: shape mismatch");
+        // SAFETY: shapes checked.
+        self.op1(|c| unsafe { sys::ggml_swiglu_split(c, a.raw(), b.raw()) })
+    }
+
+    /// `gelu(a) * b` (GeGLU with separate gate and up tensors, tanh approximation).
+    pub fn geglu_split<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        assert_eq!(a.ne(), b.ne(), "geglu: shape mismatch");
+        // SAFETY: shapes checked.
+        self.op1(|c| unsafe { sys::ggml_geglu_split(c, a.raw(), b.raw()) })
+    }
+
+    /// Rotary position embedding of `a` (`[head_dim, n_head, n_tokens]`) at the I32 positions `pos`.
+    pub fn rope<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, p: &RopeParams) -> Tensor<'a> {
+        assert_eq!(a.ne()[2], pos.ne()[0], "rope: one position per token");
+        assert!(pos.dtype() == DType::I32);
+        // SAFETY: shapes checked.
+        self.op1(|c| unsafe {
+            sys::ggml_rope_ext(
+                c,
+                a.raw(),
+                pos.raw(),
+                std::ptr::null_mut(),
+                p.n_dims,
+                p.mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                p.ext_factor,
+                p.attn_factor,
+                p.beta_fast,
+                p.beta_slow,
+            )
+        })
+    }
+
+    /// Same data, new shape (element count must match; `a` contiguous).
+    pub fn reshape<'a>(&'a self, a: Tensor<'a>, shape: &[i64]) -> Tensor<'a> {
+        assert_eq!(
+            a.n_elements(),
+            shape.iter().product::<i64>(),
+            "reshape: element count"
+        );
+        assert!(a.is_contiguous(), "reshape of a non-contiguous tensor");
+        // SAFETY: checked above.
+        self.op1(|c| unsafe {
+            match shape.len() {
+                1 => sys::ggml_reshape_1d(c, a.raw(), shape[0]),
+                2 => sys::ggml_reshape_2d(c, a.raw(), shape[0], shape[1]),
+                3 => sys::ggml_reshape_3d(c, a.raw(), shape[0], shape[1], shape[2]),
+                _ => sys::ggml_reshape_4d(c, a.raw(), shape[0], shape[1], shape[2], shape[3]),
+            }
+        })
+    }
+
+    /// A strided view into `a`: `shape` elements, byte strides `nb` (for dims 1..), at byte `offset`.
+    pub fn view<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        shape: &[i64],
+        nb: &[usize],
+        offset: usize,
+    ) -> Tensor<'a> {
+        assert_eq!(nb.len() + 1, shape.len(), "view: one stride per outer dim");
+        // The furthest byte the view touches must lie inside `a`.
+        let row = a.dtype().row_size(shape[0]);
+        let last = offset
+            + row
+            + shape[1..]
+                .iter()
+                .zip(nb)
+                .map(|(&n, &s)| (n as usize - 1) * s)
+                .sum::<usize>();
+        assert!(
+            last <= a.nbytes(),
+            "view out of bounds: {last} > {}",
+            a.nbytes()
+        );
+        // SAFETY: bounds checked above.
+        self.op1(|c| unsafe {
+            match shape.len() {
+                1 => sys::ggml_view_1d(c, a.raw(), shape[0], offset),
+                2 => sys::ggml_view_2d(c, a.raw(), shape[0], shape[1], nb[0], offset),
+                3 => sys::ggml_view_3d(
+                    c,
+                    a.raw(),
+                    shape[0],
+                    shape[1],
+                    shape[2],
+                    nb[0],
+                    nb[1],
+                    offset,
+                ),
+                _ => sys::ggml_view_4d(
+                    c,
+                    a.raw(),
+                    shape[0],
+                    shape[1],
+                    shape[2],
+                    shape[3],
+                    nb[0],
+                    nb[1],
+                    nb[2],
+                    offset,
+                ),
+            }
+        })
+    }
+
+    /// Permutes dimensions (ggml semantics: dim i of `a` goes to position `axes[i]`).
+    pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [i32; 4]) -> Tensor<'a> {
+        // SAFETY: ggml validates the permutation.
+        self.op1(|c| unsafe { sys::ggml_permute(c, a.raw(), axes[0], axes[1], axes[2], axes[3]) })
+    }
+
+    /// A contiguous copy of `a`.
+    pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_cont(c, a.raw()) })
+    }
+
+    /// `a` converted to `dtype`.
+    pub fn cast<'a>(&'a self, a: Tensor<'a>, dtype: DType) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_cast(c, a.raw(), dtype.raw()) })
+    }
+
+    /// Fused attention: `q [d, n_q, n_head]`, `k`/`v` `[d, n_kv, n_head_kv]` (F16), `mask`
+    /// `[n_kv, n_q]` F16 (0 or -inf). Returns `[d_v, n_head, n_q]`. Accumulates in F32.
+    pub fn flash_attn<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        mask: Tensor<'a>,
+        scale: f32,
+    ) -> Tensor<'a> {
+        let (qn, kn, vn, mn) = (q.ne(), k.ne(), v.ne(), mask.ne());
+        assert_eq!(qn[0], kn[0], "flash_attn: q/k head dim");
+        assert_eq!(kn[1], vn[1], "flash_attn: k/v length");
+        assert_eq!(qn[2] % kn[2], 0, "flash_attn: n_head % n_head_kv");
+        assert!(
+            mn[0] == kn[1] && mn[1] >= qn[1],
+            "flash_attn: mask shape {mn:?}"
+        );
+        assert!(mask.dtype() == DType::F16, "flash_attn: mask must be F16");
+        // SAFETY: shapes checked above.
+        let t = self.op1(|c| unsafe {
+            sys::ggml_flash_attn_ext(c, q.raw(), k.raw(), v.raw(), mask.raw(), scale, 0.0, 0.0)
+        });
+        // SAFETY: t is a flash-attention node.
+        unsafe { sys::ggml_flash_attn_ext_set_prec(t.raw(), sys::GGML_PREC_F32) };
+        t
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: we own the context; tensors borrowing it are gone (lifetimes).
+        unsafe { sys::ggml_free(self.raw()) }
+    }
+}
+
+/// Rotary embedding parameters (`ggml_rope_ext`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    /// Number of rotated dimensions per head.
+    pub n_dims: i32,
+    /// ggml rope mode: 0 = normal (GPT-J style pairs), 2 = NeoX (halves).
+    pub mode: i32,
+    /// Trained context length (for YaRN).
+    pub n_ctx_orig: i32,
+    /// Base frequency.
+    pub freq_base: f32,
+    /// Linear position scale (1 / scaling factor).
+    pub freq_scale: f32,
+    /// YaRN extrapolation mix (0 = off).
+    pub ext_factor: f32,
+    /// Magnitude scale.
+    pub attn_factor: f32,
+    /// YaRN low correction dim.
+    pub beta_fast: f32,
+    /// YaRN high correction dim.
+    pub beta_slow: f32,
+}
+
+/// A tensor descriptor living in a [`Context`]. Cheap to copy.
+#[derive(Clone, Copy)]
+pub struct Tensor<'ctx> {
+    ptr: NonNull<sys::ggml_tensor>,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl<'ctx> Tensor<'ctx> {
+    pub(crate) fn raw(&self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    fn get(&self) -> &sys::ggml_tensor {
+        // SAFETY: the tensor lives as long as its context, which outlives 'ctx.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// Dimensions, innermost first.
+    pub fn ne(&self) -> [i64; 4] {
+        self.get().ne
+    }
+
+    /// Byte strides.
+    pub fn nb(&self) -> [usize; 4] {
+        self.get().nb
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        DType(self.get().type_)
+    }
+
+    /// Total number of elements.
+    pub fn n_elements(&self) -> i64 {
+        self.ne().iter().product()
+    }
+
+    /// Size of the tensor's data in bytes.
+    pub fn nbytes(&self) -> usize {
+        // SAFETY: live tensor.
+        unsafe { sys::ggml_nbytes(self.raw()) }
+    }
+
+    /// Whether the data is laid out contiguously.
+    pub fn is_contiguous(&self) -> bool {
+        // SAFETY: live tensor.
+        unsafe { sys::ggml_is_contiguous(self.raw()) }
+    }
+
+    /// The tensor's name.
+    pub fn name(&self) -> String {
+        // SAFETY: ggml keeps a NUL-terminated name in a fixed array.
+        unsafe { CStr::from_ptr(self.get().name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Sets the tensor's name (truncated to ggml's 63 bytes).
+    pub fn set_name(&self, name: &str) {
+        let mut bytes: Vec<u8> = name.bytes().filter(|&b| b != 0).take(63).collect();
+        bytes.push(0);
+        // SAFETY: NUL-terminated buffer; ggml copies it.
+        unsafe { sys::ggml_set_name(self.raw(), bytes.as_ptr().cast()) };
+    }
+
+    /// Marks the tensor as a graph output (its data survives graph computation).
+    pub fn set_output(&self) {
+        // SAFETY: live tensor.
+        unsafe { sys::ggml_set_output(self.raw()) }
+    }
+
+    /// Whether backend memory has been assigned to the tensor.
+    pub fn is_allocated(&self) -> bool {
+        !self.get().buffer.is_null() && !self.get().data.is_null()
+    }
+
+    fn check_io(&self, offset: usize, len: usize) -> Result<(), GgmlError> {
+        let err = |what: String| GgmlError::TensorData {
+            name: self.name(),
+            what,
+        };
+        if !self.is_allocated() {
+            return Err(err("not allocated".into()));
+        }
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.nbytes())
+        {
+            return Err(err(format!(
+                "range {offset}+{len} exceeds {} bytes",
+                self.nbytes()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the tensor's memory at byte `offset` (any backend).
+    pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<(), GgmlError> {
+        self.check_io(offset, data.len())?;
+        // SAFETY: allocated tensor; range checked.
+        unsafe {
+            sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), offset, data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies a slice of plain values (i32, i64, f32, u16 f16 bits) into the tensor from its start.
+    pub fn write<T: Pod>(&self, data: &[T]) -> Result<(), GgmlError> {
+        // SAFETY: T is a plain-old-data type (sealed trait), so its bytes are initialised.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+        };
+        self.write_bytes(0, bytes)
+    }
+
+    /// Reads the tensor's F32 data starting at element `offset` into `out`.
+    pub fn read_f32(&self, offset: usize, out: &mut [f32]) -> Result<(), GgmlError> {
+        if self.dtype() != DType::F32 {
+            return Err(GgmlError::TensorData {
+                name: self.name(),
+                what: "not F32".into(),
+            });
+        }
+        let (off, len) = (offset * 4, out.len() * 4);
+        self.check_io(off, len)?;
+        // SAFETY: allocated tensor; range checked; out is len bytes of writable f32s.
+        unsafe { sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), off, len) };
+        Ok(())
+    }
+}
+
+/// Plain values that can be copied byte-wise into tensors.
+pub trait Pod: Copy + sealed::Sealed {}
+impl Pod for f32 {}
+impl Pod for i32 {}
+impl Pod for i64 {}
+impl Pod for u16 {}
+impl Pod for u8 {}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for i32 {}
+    impl Sealed for i64 {}
+    impl Sealed for u16 {}
+    impl Sealed for u8 {}
+}
+
+/// A computation graph built in a [`Context`].
+pub struct Graph<'ctx> {
+    ptr: NonNull<sys::ggml_cgraph>,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl<'ctx> Graph<'ctx> {
+    pub(crate) fn raw(&self) -> *mut sys::ggml_cgraph {
+        self.ptr.as_ptr()
+    }
+
+    /// Adds `t` and everything it depends on to the graph, in dependency order.
+    pub fn expand(&mut self, t: Tensor<'ctx>) {
+        // SAFETY: live graph and tensor of the same (or an outliving) context.
+        unsafe { sys::ggml_build_forward_expand(self.raw(), t.raw()) }
+    }
+
+    /// Number of nodes in the graph.
+    pub fn n_nodes(&self) -> usize {
+        // SAFETY: live graph.
+        unsafe { sys::ggml_graph_n_nodes(self.raw()) as usize }
+    }
+}
+
+/// An owned set of long-lived tensors (model weights, KV cache): a context holding
+/// their descriptors plus the buffers holding their data. Tensors are addressed by
+/// index and borrowed from the store, so they can never outlive it.
+pub struct TensorStore {
+    // Field order matters for drop: buffers may be freed before or after the context,
+    // but the tensors must not be used once either is gone (guaranteed by borrowing).
+    ctx: Context,
+    tensors: Vec<NonNull<sys::ggml_tensor>>,
+    names: std::collections::HashMap<String, usize>,
+    buffers: Vec<crate::Buffer>,
+}
+
+// SAFETY: the raw tensor pointers point into `ctx`, which moves with the store.
+unsafe impl Send for TensorStore {}
+// SAFETY: shared access only reads descriptors; data writes go through ggml backend calls
+// that the engine serialises on its own thread.
+unsafe impl Sync for TensorStore {}
+
+impl TensorStore {
+    /// A store with room for `capacity` tensors.
+    pub fn new(capacity: usize) -> Result<TensorStore, GgmlError> {
+        Ok(TensorStore {
+            ctx: Context::new(capacity, 0)?,
+            tensors: Vec::with_capacity(capacity),
+            names: Default::default(),
+            buffers: Vec::new(),
+        })
+    }
+
+    /// Adds an unallocated tensor named `name`; returns its index.
+    pub fn add(&mut self, name: &str, dtype: DType, shape: &[i64]) -> usize {
+        let t = self.ctx.new_tensor(dtype, shape);
+        t.set_name(name);
+        let ptr = t.ptr;
+        let id = self.tensors.len();
+        self.tensors.push(ptr);
+        self.names.insert(name.to_string(), id);
+        id
+    }
+
+    /// The tensor at `id`.
+    pub fn get(&self, id: usize) -> Tensor<'_> {
+        Tensor {
+            ptr: self.tensors[id],
+            _ctx: PhantomData,
+        }
+    }
+
+    /// Index of the tensor named `name`.
+    pub fn id(&self, name: &str) -> Option<usize> {
+        self.names.get(name).copied()
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Takes ownership of a buffer that holds some of the store's tensors.
+    pub fn keep_buffer(&mut self, b: crate::Buffer) {
+        self.buffers.push(b);
+    }
+
+    /// The buffers holding the store's data.
+    pub fn buffers(&self) -> &[crate::Buffer] {
+        &self.buffers
+    }
+}

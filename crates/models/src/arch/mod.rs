@@ -1,0 +1,5 @@
+//! One file per architecture.
+
+pub(crate) mod gemma3;
+pub(crate) mod llama;
+pub(crate) mod qwen2;

@@ -1,0 +1,134 @@
+//! KV storage the graphs attend over, and the attention mask that tells each
+//! token which cells it may see.
+//!
+//! Storage is a pool of `n_cells` cells per layer (one cell = one token's K and V
+//! rows, F16). Which cells a sequence owns, and in which order, is the engine's
+//! business (contiguous ranges today, pages later): a step only says where each
+//! new token's K/V goes (`StepBatch::kv_slots`) and which cells each token sees
+//! (the mask). Masked cells cost nothing in ggml's CPU flash attention.
+
+use tempo9_ggml::{f32_to_f16_bits, DType, Device, DeviceKind, Tensor, TensorStore};
+
+use crate::{HParams, ModelError};
+
+/// Per-layer K and V pools on one device.
+pub struct KvStore {
+    store: TensorStore,
+    n_cells: usize,
+    n_layer: usize,
+}
+
+impl KvStore {
+    /// Allocates `n_cells` cells for every layer of a model with `hp` on `device`.
+    pub fn new(hp: &HParams, device: Device, n_cells: usize) -> Result<KvStore, ModelError> {
+        if n_cells == 0 {
+            return Err(ModelError::BadHParams("KV store with zero cells".into()));
+        }
+        let mut store = TensorStore::new(2 * hp.n_layer)?;
+        for il in 0..hp.n_layer {
+            store.add(
+                &format!("cache_k_l{il}"),
+                DType::F16,
+                &[hp.n_embd_k() as i64, n_cells as i64],
+            );
+            store.add(
+                &format!("cache_v_l{il}"),
+                DType::F16,
+                &[hp.n_embd_v() as i64, n_cells as i64],
+            );
+        }
+        let buft = device.buffer_type();
+        // One buffer for all layers; the OS commits host pages only when tokens are written.
+        let align = buft.alignment().max(1);
+        let mut size = 0;
+        let mut offsets = Vec::with_capacity(store.len());
+        for i in 0..store.len() {
+            offsets.push(size);
+            size += buft.alloc_size(store.get(i)).div_ceil(align) * align;
+        }
+        let buf = buft.alloc(size)?;
+        for (i, off) in offsets.into_iter().enumerate() {
+            buf.place(store.get(i), off)?;
+        }
+        // Masked cells are skipped on the CPU, but GPU kernels may multiply garbage by
+        // zero (NaN * 0 = NaN): clear device memory once.
+        if device.kind() != DeviceKind::Cpu {
+            buf.clear(0);
+        }
+        store.keep_buffer(buf);
+        Ok(KvStore {
+            store,
+            n_cells,
+            n_layer: hp.n_layer,
+        })
+    }
+
+    /// Number of cells per layer.
+    pub fn n_cells(&self) -> usize {
+        self.n_cells
+    }
+
+    /// Bytes of KV memory reserved (address space; host pages are committed on write).
+    pub fn bytes(&self) -> usize {
+        self.store.buffers().iter().map(|b| b.size()).sum()
+    }
+
+    /// K pool of layer `il`: `[n_embd_k, n_cells]`.
+    pub fn k(&self, il: usize) -> Tensor<'_> {
+        assert!(il < self.n_layer);
+        self.store.get(2 * il)
+    }
+
+    /// V pool of layer `il`: `[n_embd_v, n_cells]`.
+    pub fn v(&self, il: usize) -> Tensor<'_> {
+        assert!(il < self.n_layer);
+        self.store.get(2 * il + 1)
+    }
+}
+
+/// Builds the F16 attention mask `[n_kv, n_tokens]` of a step: 0 where a token may
+/// attend to a cell, -inf elsewhere. Rows start fully masked.
+#[derive(Debug, Clone)]
+pub struct MaskBuilder {
+    n_kv: usize,
+    n_tokens: usize,
+    data: Vec<u16>,
+}
+
+const NEG_INF_F16: u16 = 0xFC00;
+
+impl MaskBuilder {
+    /// A fully masked `[n_kv, n_tokens]` mask.
+    pub fn new(n_kv: usize, n_tokens: usize) -> MaskBuilder {
+        MaskBuilder {
+            n_kv,
+            n_tokens,
+            data: vec![NEG_INF_F16; n_kv * n_tokens],
+        }
+    }
+
+    /// Lets token row `row` at position `pos` see the cells of its sequence, given as
+    /// `(cell, position)` pairs: causal (cell position ≤ `pos`), and within `window`
+    /// positions when the layer slides.
+    pub fn allow(&mut self, row: usize, pos: i32, cells: &[(u32, i32)], window: Option<u32>) {
+        assert!(row < self.n_tokens);
+        let zero = f32_to_f16_bits(0.0);
+        let line = &mut self.data[row * self.n_kv..(row + 1) * self.n_kv];
+        for &(cell, p) in cells {
+            let visible = p <= pos && window.is_none_or(|w| (pos - p) < w as i32);
+            if visible {
+                line[cell as usize] = zero;
+            }
+        }
+    }
+
+    /// Number of cells (mask width).
+    pub fn n_kv(&self) -> usize {
+        self.n_kv
+    }
+
+    /// The mask as F16 bit patterns, row-major by token.
+    pub fn into_data(self) -> Vec<u16> {
+        self.data
+    }
+}

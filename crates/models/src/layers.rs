@@ -1,0 +1,153 @@
+//! Building blocks shared by the architectures: the per-step graph builder with
+//! norms, projections, attention over the KV pool and gated feed-forward.
+
+use tempo9_ggml::{Context, DType, Graph, Tensor};
+
+use crate::kv::KvStore;
+use crate::weights::{WeightId, Weights};
+use crate::HParams;
+
+/// Graph inputs of one step (filled after allocation from the `StepBatch`).
+pub(crate) struct Inputs<'a> {
+    pub tokens: Tensor<'a>,
+    pub pos: Tensor<'a>,
+    pub slots: Tensor<'a>,
+    pub mask: Tensor<'a>,
+    pub mask_swa: Option<Tensor<'a>>,
+    pub out_ids: Tensor<'a>,
+    pub n_kv: usize,
+    pub n_tokens: usize,
+}
+
+/// Everything an architecture needs to build one step's graph.
+pub(crate) struct Builder<'a> {
+    pub ctx: &'a Context,
+    pub graph: Graph<'a>,
+    pub w: &'a Weights,
+    pub kv: &'a KvStore,
+    pub hp: &'a HParams,
+    pub inp: Inputs<'a>,
+}
+
+impl<'a> Builder<'a> {
+    /// Weight by id.
+    pub fn wt(&self, id: WeightId) -> Tensor<'a> {
+        self.w.get(id)
+    }
+
+    /// Token embeddings `[n_embd, n_tokens]`, optionally scaled.
+    pub fn embed(&self, tok_embd: WeightId, scale: Option<f32>) -> Tensor<'a> {
+        let x = self.ctx.get_rows(self.wt(tok_embd), self.inp.tokens);
+        match scale {
+            Some(s) => self.ctx.scale(x, s),
+            None => x,
+        }
+    }
+
+    /// `rms_norm(x) * w`.
+    pub fn rms_norm(&self, x: Tensor<'a>, w: WeightId) -> Tensor<'a> {
+        let n = self.ctx.rms_norm(x, self.hp.rms_eps);
+        self.ctx.mul(n, self.wt(w))
+    }
+
+    /// `w x (+ b)`.
+    pub fn linear(&self, w: WeightId, x: Tensor<'a>, b: Option<WeightId>) -> Tensor<'a> {
+        let y = self.ctx.mul_mat(self.wt(w), x);
+        match b {
+            Some(b) => self.ctx.add(y, self.wt(b)),
+            None => y,
+        }
+    }
+
+    /// Splits `[n_heads * dim, n_tokens]` into `[dim, n_heads, n_tokens]`.
+    pub fn heads(&self, x: Tensor<'a>, n_heads: usize, dim: usize) -> Tensor<'a> {
+        self.ctx
+            .reshape(x, &[dim as i64, n_heads as i64, self.inp.n_tokens as i64])
+    }
+
+    /// Rotary embedding for layer `il`.
+    pub fn rope(&self, x: Tensor<'a>, il: usize) -> Tensor<'a> {
+        self.ctx.rope(x, self.inp.pos, self.hp.rope_for(il))
+    }
+
+    /// Writes this step's K/V (`[dim, n_head_kv, n_tokens]`) into layer `il`'s pool and
+    /// attends `q` (`[dim, n_head, n_tokens]`) over the first `n_kv` cells with the
+    /// layer's mask. Returns `[n_head * dim_v, n_tokens]`.
+    pub fn attention(
+        &mut self,
+        il: usize,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        scale: f32,
+    ) -> Tensor<'a> {
+        let (ctx, hp, n_t, n_kv) = (
+            self.ctx,
+            self.hp,
+            self.inp.n_tokens as i64,
+            self.inp.n_kv as i64,
+        );
+        let k_pool = self.kv.k(il);
+        let v_pool = self.kv.v(il);
+        let k_rows = ctx.reshape(k, &[hp.n_embd_k() as i64, n_t]);
+        let v_rows = ctx.reshape(v, &[hp.n_embd_v() as i64, n_t]);
+        // Write first (and make the reads below depend on the writes).
+        let k_all = ctx.set_rows(k_pool, k_rows, self.inp.slots);
+        let v_all = ctx.set_rows(v_pool, v_rows, self.inp.slots);
+        self.graph.expand(k_all);
+        self.graph.expand(v_all);
+        let f16 = DType::F16;
+        let k_view = ctx.view(
+            k_all,
+            &[hp.head_dim as i64, hp.n_head_kv as i64, n_kv],
+            &[
+                f16.row_size(hp.head_dim as i64),
+                f16.row_size(hp.n_embd_k() as i64),
+            ],
+            0,
+        );
+        let v_view = ctx.view(
+            v_all,
+            &[hp.head_dim_v as i64, hp.n_head_kv as i64, n_kv],
+            &[
+                f16.row_size(hp.head_dim_v as i64),
+                f16.row_size(hp.n_embd_v() as i64),
+            ],
+            0,
+        );
+        let q = ctx.permute(q, [0, 2, 1, 3]);
+        let k = ctx.permute(k_view, [0, 2, 1, 3]);
+        let v = ctx.permute(v_view, [0, 2, 1, 3]);
+        let mask = match (hp.is_swa[il], self.inp.mask_swa) {
+            (true, Some(m)) => m,
+            _ => self.inp.mask,
+        };
+        let out = ctx.flash_attn(q, k, v, mask, scale);
+        ctx.reshape(out, &[(hp.n_head * hp.head_dim_v) as i64, n_t])
+    }
+
+    /// Keeps only the rows whose logits are wanted (applied in the last layer, where
+    /// everything after is row-wise).
+    pub fn select_outputs(&self, x: Tensor<'a>) -> Tensor<'a> {
+        self.ctx.get_rows(x, self.inp.out_ids)
+    }
+
+    /// Gated feed-forward: `down(act(gate x) * up x)`, SiLU or GELU.
+    pub fn gated_ffn(
+        &self,
+        x: Tensor<'a>,
+        gate: WeightId,
+        up: WeightId,
+        down: WeightId,
+        gelu: bool,
+    ) -> Tensor<'a> {
+        let g = self.linear(gate, x, None);
+        let u = self.linear(up, x, None);
+        let h = if gelu {
+            self.ctx.geglu_split(g, u)
+        } else {
+            self.ctx.swiglu_split(g, u)
+        };
+        self.linear(down, h, None)
+    }
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what building Tempo9 needs on a fresh Debian/Ubuntu machine:
+# cmake and libclang (ggml's build and bindgen). Idempotent; quiet when done.
+set -euo pipefail
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v clang >/dev/null || need+=(clang)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  echo "installing: ${need[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
