@@ -53,7 +53,7 @@ struct Session {
 impl Session {
     /// Generates from `prompt_ids`, streaming text to stdout; returns the text.
     fn answer(&mut self, prompt_ids: Vec<u32>) -> Result<String> {
-        let ctx = self.engine.config().kv_cells;
+        let ctx = self.engine.max_seq_tokens();
         if prompt_ids.len() >= ctx {
             bail!(
                 "prompt has {} tokens, the KV cache holds {ctx} (raise --kv-tokens)",

@@ -51,6 +51,8 @@ impl ModelArgs {
         EngineConfig {
             threads: self.threads.unwrap_or_else(default_threads),
             kv_cells: self.kv_tokens.max(1),
+            // One conversation at a time: it gets the whole cache.
+            max_seqs: 1,
             ..EngineConfig::default()
         }
     }

@@ -1,94 +1,65 @@
 //! Which KV cells each sequence owns.
 //!
-//! Foundation version: cells are handed out one at a time, lowest free index first,
-//! and a sequence keeps a list of `(cell, position)` pairs. Cells of a sequence need
-//! not be contiguous: attention finds them through the mask. The engine-core issue
-//! replaces this with fixed-size pages and a content-addressed prefix cache behind
-//! the same calls (`reserve`, `cells`, `release`).
-
-use std::collections::BTreeSet;
+//! Foundation version: the pool is cut into equal slots (like llama.cpp's `-np`
+//! slots); a running sequence owns one slot and keeps position `p` in the slot's
+//! cell `p`. Each sequence then attends over its own contiguous window, so its
+//! arithmetic is the same alone or batched. The engine-core issue replaces this with
+//! pages allocated per real token and a content-addressed prefix cache.
 
 /// Identifies a sequence inside the engine.
 pub type SeqId = u64;
 
-/// Errors of the cell allocator.
+/// Errors of the slot allocator.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KvError {
-    /// Not enough free cells.
-    #[error("KV cache full: {want} cells wanted, {free} free")]
-    Full {
-        /// Cells requested.
-        want: usize,
-        /// Cells free.
-        free: usize,
-    },
+    /// Every slot is taken.
+    #[error("all {0} KV slots are in use")]
+    NoSlot(usize),
 }
 
-/// Hands out KV cells of a pool of fixed size and remembers who holds them.
+/// Hands out fixed-size KV slots.
 #[derive(Debug)]
-pub struct CellAllocator {
-    n_cells: usize,
-    free: BTreeSet<u32>,
-    seqs: std::collections::HashMap<SeqId, Vec<(u32, i32)>>,
+pub struct SlotAllocator {
+    slot_cells: usize,
+    owners: Vec<Option<SeqId>>,
 }
 
-impl CellAllocator {
-    /// A pool of `n_cells` free cells.
-    pub fn new(n_cells: usize) -> CellAllocator {
-        CellAllocator {
-            n_cells,
-            free: (0..n_cells as u32).collect(),
-            seqs: Default::default(),
+impl SlotAllocator {
+    /// `n_slots` slots of `slot_cells` cells each.
+    pub fn new(n_slots: usize, slot_cells: usize) -> SlotAllocator {
+        SlotAllocator {
+            slot_cells,
+            owners: vec![None; n_slots.max(1)],
         }
     }
 
-    /// Total cells.
-    pub fn n_cells(&self) -> usize {
-        self.n_cells
+    /// Cells per slot: the most tokens (prompt + generated) one sequence can hold.
+    pub fn slot_cells(&self) -> usize {
+        self.slot_cells
     }
 
-    /// Free cells.
+    /// Number of free slots.
     pub fn n_free(&self) -> usize {
-        self.free.len()
+        self.owners.iter().filter(|o| o.is_none()).count()
     }
 
-    /// Reserves cells for positions `positions` of `seq`; returns the cells in order.
-    /// All or nothing: on error nothing is reserved.
-    pub fn reserve(&mut self, seq: SeqId, positions: &[i32]) -> Result<Vec<u32>, KvError> {
-        if positions.len() > self.free.len() {
-            return Err(KvError::Full {
-                want: positions.len(),
-                free: self.free.len(),
-            });
-        }
-        let cells: Vec<u32> = (0..positions.len())
-            .map(|_| self.free.pop_first().expect("checked"))
-            .collect();
-        let list = self.seqs.entry(seq).or_default();
-        list.extend(cells.iter().copied().zip(positions.iter().copied()));
-        Ok(cells)
+    /// Gives `seq` a free slot; returns its first cell.
+    pub fn acquire(&mut self, seq: SeqId) -> Result<usize, KvError> {
+        let n = self.owners.len();
+        let i = self
+            .owners
+            .iter()
+            .position(Option::is_none)
+            .ok_or(KvError::NoSlot(n))?;
+        self.owners[i] = Some(seq);
+        Ok(i * self.slot_cells)
     }
 
-    /// The `(cell, position)` pairs `seq` holds, in the order they were reserved.
-    pub fn cells(&self, seq: SeqId) -> &[(u32, i32)] {
-        self.seqs.get(&seq).map_or(&[], |v| v.as_slice())
-    }
-
-    /// Returns all of `seq`'s cells to the pool.
+    /// Frees `seq`'s slot (no-op if it has none).
     pub fn release(&mut self, seq: SeqId) {
-        if let Some(cells) = self.seqs.remove(&seq) {
-            self.free.extend(cells.into_iter().map(|(c, _)| c));
+        for o in self.owners.iter_mut().filter(|o| **o == Some(seq)) {
+            *o = None;
         }
-    }
-
-    /// One past the highest cell in use (the attention span needed), at least 1.
-    pub fn span(&self) -> usize {
-        let max_used = self
-            .seqs
-            .values()
-            .flat_map(|v| v.iter().map(|&(c, _)| c))
-            .max();
-        max_used.map_or(1, |c| c as usize + 1)
     }
 }
 
@@ -97,24 +68,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reserve_release_roundtrip() {
-        let mut a = CellAllocator::new(8);
-        assert_eq!(a.reserve(1, &[0, 1, 2]).unwrap(), vec![0, 1, 2]);
-        assert_eq!(a.reserve(2, &[0, 1]).unwrap(), vec![3, 4]);
-        assert_eq!(a.span(), 5);
-        a.release(1);
-        assert_eq!(a.n_free(), 6);
-        // Lowest free first, so the span stays compact.
-        assert_eq!(a.reserve(3, &[0]).unwrap(), vec![0]);
-        assert_eq!(a.cells(2), &[(3, 0), (4, 1)]);
-        assert_eq!(
-            a.reserve(4, &[0; 6]),
-            Err(KvError::Full { want: 6, free: 5 })
-        );
-        assert_eq!(a.n_free(), 5, "failed reserve takes nothing");
-        a.release(2);
-        a.release(3);
-        assert_eq!(a.n_free(), 8);
-        assert_eq!(a.span(), 1);
+    fn acquire_release() {
+        let mut a = SlotAllocator::new(2, 256);
+        assert_eq!(a.acquire(7), Ok(0));
+        assert_eq!(a.acquire(8), Ok(256));
+        assert_eq!(a.acquire(9), Err(KvError::NoSlot(2)));
+        a.release(7);
+        assert_eq!(a.n_free(), 1);
+        assert_eq!(a.acquire(9), Ok(0), "freed slot is reused");
+        a.release(8);
+        a.release(9);
+        a.release(9);
+        assert_eq!(a.n_free(), 2);
     }
 }

@@ -523,6 +523,39 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Debugging aid: after each graph node is computed, print its name, shape and the
+    /// sum of its F32 values to stderr (like llama.cpp's eval-callback tool).
+    pub fn set_debug_dump(&mut self, on: bool) {
+        unsafe extern "C" fn cb(t: *mut sys::ggml_tensor, ask: bool, _: *mut c_void) -> bool {
+            if ask {
+                return true;
+            }
+            // SAFETY: ggml passes a computed tensor; we only read it.
+            unsafe {
+                let t = &*t;
+                let name = CStr::from_ptr(t.name.as_ptr()).to_string_lossy();
+                let n = t.ne.iter().product::<i64>() as usize;
+                let mut sum = f64::NAN;
+                if t.type_ == sys::GGML_TYPE_F32 && sys::ggml_is_contiguous(t) {
+                    let mut v = vec![0f32; n];
+                    sys::ggml_backend_tensor_get(t, v.as_mut_ptr().cast(), 0, n * 4);
+                    sum = v.iter().map(|&x| x as f64).sum();
+                }
+                let op = cstr(sys::ggml_op_desc(t));
+                eprintln!("dump {name:>24} {op:>14} {:?} sum = {sum:.6}", t.ne);
+            }
+            true
+        }
+        // SAFETY: plain function pointer, no user data.
+        unsafe {
+            sys::ggml_backend_sched_set_eval_callback(
+                self.ptr.as_ptr(),
+                if on { Some(cb) } else { None },
+                std::ptr::null_mut(),
+            )
+        }
+    }
+
     /// Total bytes of the scheduler's compute buffers.
     pub fn compute_buffer_bytes(&self) -> usize {
         self.backends

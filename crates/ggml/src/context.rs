@@ -300,6 +300,21 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_cont(c, a.raw()) })
     }
 
+    /// `a` and `b` joined along dimension `dim` (all other dimensions equal).
+    pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: usize) -> Tensor<'a> {
+        let (an, bn) = (a.ne(), b.ne());
+        assert!(
+            dim < 4 && a.dtype() == b.dtype(),
+            "concat: bad dim or types"
+        );
+        assert!(
+            (0..4).all(|d| d == dim || an[d] == bn[d]),
+            "concat: shapes {an:?} / {bn:?}"
+        );
+        // SAFETY: shapes checked above.
+        self.op1(|c| unsafe { sys::ggml_concat(c, a.raw(), b.raw(), dim as i32) })
+    }
+
     /// `a` converted to `dtype`.
     pub fn cast<'a>(&'a self, a: Tensor<'a>, dtype: DType) -> Tensor<'a> {
         // SAFETY: live tensor.

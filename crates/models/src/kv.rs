@@ -2,10 +2,10 @@
 //! token which cells it may see.
 //!
 //! Storage is a pool of `n_cells` cells per layer (one cell = one token's K and V
-//! rows, F16). Which cells a sequence owns, and in which order, is the engine's
-//! business (contiguous ranges today, pages later): a step only says where each
-//! new token's K/V goes (`StepBatch::kv_slots`) and which cells each token sees
-//! (the mask). Masked cells cost nothing in ggml's CPU flash attention.
+//! rows, F16). Which cells a sequence owns is the engine's business: a step only
+//! says where each new token's K/V goes (`StepBatch::kv_slots`), which window of
+//! cells each sequence attends over, and which of them each token sees (the mask).
+//! Masked cells cost nothing in ggml's CPU flash attention.
 
 use tempo9_ggml::{f32_to_f16_bits, DType, Device, DeviceKind, Tensor, TensorStore};
 
@@ -107,19 +107,14 @@ impl MaskBuilder {
         }
     }
 
-    /// Lets token row `row` at position `pos` see the cells of its sequence, given as
-    /// `(cell, position)` pairs: causal (cell position ≤ `pos`), and within `window`
-    /// positions when the layer slides.
-    pub fn allow(&mut self, row: usize, pos: i32, cells: &[(u32, i32)], window: Option<u32>) {
-        assert!(row < self.n_tokens);
+    /// Lets token row `row` at position `pos` see cells `0..=pos` of its window, when
+    /// cell `i` of the window holds position `i` (a sequence stored in order from the
+    /// window's start); `window` limits how far back a sliding layer looks.
+    pub fn allow_prefix(&mut self, row: usize, pos: i32, window: Option<u32>) {
+        assert!(row < self.n_tokens && pos >= 0 && (pos as usize) < self.n_kv);
+        let lo = window.map_or(0, |w| (pos as i64 - w as i64 + 1).max(0) as usize);
         let zero = f32_to_f16_bits(0.0);
-        let line = &mut self.data[row * self.n_kv..(row + 1) * self.n_kv];
-        for &(cell, p) in cells {
-            let visible = p <= pos && window.is_none_or(|w| (pos - p) < w as i32);
-            if visible {
-                line[cell as usize] = zero;
-            }
-        }
+        self.data[row * self.n_kv + lo..=row * self.n_kv + pos as usize].fill(zero);
     }
 
     /// Number of cells (mask width).

@@ -12,11 +12,19 @@ pub(crate) struct Inputs<'a> {
     pub tokens: Tensor<'a>,
     pub pos: Tensor<'a>,
     pub slots: Tensor<'a>,
+    pub seqs: Vec<SeqInputs<'a>>,
+    pub out_ids: Tensor<'a>,
+    pub n_tokens: usize,
+}
+
+/// One sequence's attention inputs.
+pub(crate) struct SeqInputs<'a> {
+    pub row_start: usize,
+    pub n_rows: usize,
+    pub kv_start: usize,
+    pub n_kv: usize,
     pub mask: Tensor<'a>,
     pub mask_swa: Option<Tensor<'a>>,
-    pub out_ids: Tensor<'a>,
-    pub n_kv: usize,
-    pub n_tokens: usize,
 }
 
 /// Everything an architecture needs to build one step's graph.
@@ -70,9 +78,12 @@ impl<'a> Builder<'a> {
         self.ctx.rope(x, self.inp.pos, self.hp.rope_for(il))
     }
 
-    /// Writes this step's K/V (`[dim, n_head_kv, n_tokens]`) into layer `il`'s pool and
-    /// attends `q` (`[dim, n_head, n_tokens]`) over the first `n_kv` cells with the
-    /// layer's mask. Returns `[n_head * dim_v, n_tokens]`.
+    /// Writes this step's K/V (`[dim, n_head_kv, n_tokens]`) into layer `il`'s pool, then
+    /// attends each sequence's queries (`q`: `[dim, n_head, n_tokens]`) over its own KV
+    /// window with its own mask. Returns `[n_head * dim_v, n_tokens]`.
+    ///
+    /// One attention op per sequence keeps a sequence's arithmetic identical whatever
+    /// else shares the step (ggml picks kernels by query count and window length).
     pub fn attention(
         &mut self,
         il: usize,
@@ -81,48 +92,55 @@ impl<'a> Builder<'a> {
         v: Tensor<'a>,
         scale: f32,
     ) -> Tensor<'a> {
-        let (ctx, hp, n_t, n_kv) = (
-            self.ctx,
-            self.hp,
-            self.inp.n_tokens as i64,
-            self.inp.n_kv as i64,
-        );
-        let k_pool = self.kv.k(il);
-        let v_pool = self.kv.v(il);
+        let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
         let k_rows = ctx.reshape(k, &[hp.n_embd_k() as i64, n_t]);
         let v_rows = ctx.reshape(v, &[hp.n_embd_v() as i64, n_t]);
         // Write first (and make the reads below depend on the writes).
-        let k_all = ctx.set_rows(k_pool, k_rows, self.inp.slots);
-        let v_all = ctx.set_rows(v_pool, v_rows, self.inp.slots);
+        let k_all = ctx.set_rows(self.kv.k(il), k_rows, self.inp.slots);
+        let v_all = ctx.set_rows(self.kv.v(il), v_rows, self.inp.slots);
         self.graph.expand(k_all);
         self.graph.expand(v_all);
         let f16 = DType::F16;
-        let k_view = ctx.view(
-            k_all,
-            &[hp.head_dim as i64, hp.n_head_kv as i64, n_kv],
-            &[
-                f16.row_size(hp.head_dim as i64),
-                f16.row_size(hp.n_embd_k() as i64),
-            ],
-            0,
+        let (k_row, v_row) = (
+            f16.row_size(hp.n_embd_k() as i64),
+            f16.row_size(hp.n_embd_v() as i64),
         );
-        let v_view = ctx.view(
-            v_all,
-            &[hp.head_dim_v as i64, hp.n_head_kv as i64, n_kv],
-            &[
-                f16.row_size(hp.head_dim_v as i64),
-                f16.row_size(hp.n_embd_v() as i64),
-            ],
-            0,
-        );
-        let q = ctx.permute(q, [0, 2, 1, 3]);
-        let k = ctx.permute(k_view, [0, 2, 1, 3]);
-        let v = ctx.permute(v_view, [0, 2, 1, 3]);
-        let mask = match (hp.is_swa[il], self.inp.mask_swa) {
-            (true, Some(m)) => m,
-            _ => self.inp.mask,
-        };
-        let out = ctx.flash_attn(q, k, v, mask, scale);
+        let q_nb = q.nb();
+        let mut out: Option<Tensor<'a>> = None;
+        for s in &self.inp.seqs {
+            let (rows, n_kv) = (s.n_rows as i64, s.n_kv as i64);
+            let qs = ctx.view(
+                q,
+                &[hp.head_dim as i64, hp.n_head as i64, rows],
+                &[q_nb[1], q_nb[2]],
+                s.row_start * q_nb[2],
+            );
+            let ks = ctx.view(
+                k_all,
+                &[hp.head_dim as i64, hp.n_head_kv as i64, n_kv],
+                &[f16.row_size(hp.head_dim as i64), k_row],
+                s.kv_start * k_row,
+            );
+            let vs = ctx.view(
+                v_all,
+                &[hp.head_dim_v as i64, hp.n_head_kv as i64, n_kv],
+                &[f16.row_size(hp.head_dim_v as i64), v_row],
+                s.kv_start * v_row,
+            );
+            let mask = match (hp.is_swa[il], s.mask_swa) {
+                (true, Some(m)) => m,
+                _ => s.mask,
+            };
+            let q = ctx.permute(qs, [0, 2, 1, 3]);
+            let k = ctx.permute(ks, [0, 2, 1, 3]);
+            let v = ctx.permute(vs, [0, 2, 1, 3]);
+            let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, rows]
+            out = Some(match out {
+                None => o,
+                Some(prev) => ctx.concat(prev, o, 2),
+            });
+        }
+        let out = out.expect("a step has at least one sequence");
         ctx.reshape(out, &[(hp.n_head * hp.head_dim_v) as i64, n_t])
     }
 

@@ -20,7 +20,7 @@ use tempo9_gguf::{GgufError, GgufFile};
 
 pub use hparams::{Arch, HParams};
 pub use kv::{KvStore, MaskBuilder};
-use layers::{Builder, Inputs};
+use layers::{Builder, Inputs, SeqInputs};
 use weights::{SpecList, Weights};
 
 /// Errors from loading or running a model.
@@ -63,6 +63,9 @@ pub enum ModelError {
 }
 
 /// One forward step over tokens of one or more sequences.
+///
+/// Tokens are flattened sequence by sequence; each sequence attends only to its own
+/// KV window (`SeqSpan`), so its numbers do not depend on what else is in the step.
 #[derive(Debug, Clone, Default)]
 pub struct StepBatch {
     /// Token ids, flattened over sequences.
@@ -71,14 +74,27 @@ pub struct StepBatch {
     pub positions: Vec<i32>,
     /// KV cell each token's keys and values are written to.
     pub kv_slots: Vec<i64>,
-    /// Attention spans cells `0..n_kv`.
+    /// The sequences of the step, in token order.
+    pub seqs: Vec<SeqSpan>,
+    /// Token rows whose logits are returned, in this order.
+    pub output_rows: Vec<i32>,
+}
+
+/// One sequence's part of a [`StepBatch`].
+#[derive(Debug, Clone, Default)]
+pub struct SeqSpan {
+    /// First token row of the sequence in the batch.
+    pub row_start: usize,
+    /// Number of token rows.
+    pub n_rows: usize,
+    /// First KV cell of the sequence's attention window.
+    pub kv_start: usize,
+    /// Cells in the window (`kv_start..kv_start + n_kv`).
     pub n_kv: usize,
-    /// Full-attention mask, `[n_kv, n_tokens]` F16 bits (see [`MaskBuilder`]).
+    /// Full-attention mask, `[n_kv, n_rows]` F16 bits (see [`MaskBuilder`]).
     pub mask: Vec<u16>,
     /// Sliding-window mask of the same shape, for models with sliding-window layers.
     pub mask_swa: Option<Vec<u16>>,
-    /// Token rows whose logits are returned, in this order.
-    pub output_rows: Vec<i32>,
 }
 
 enum Graphs {
@@ -102,9 +118,10 @@ impl Executor {
         let cpu = Backend::new(Device::cpu())?;
         cpu.set_threads(threads);
         backends.push(cpu);
-        Ok(Executor {
-            sched: Scheduler::new(backends, MAX_NODES)?,
-        })
+        let mut sched = Scheduler::new(backends, MAX_NODES)?;
+        // TEMPO9_DUMP_TENSORS=1 prints every node's sum, to compare with llama-eval-callback.
+        sched.set_debug_dump(std::env::var_os("TEMPO9_DUMP_TENSORS").is_some());
+        Ok(Executor { sched })
     }
 
     /// Bytes of the scheduler's compute buffers (grow with the largest step so far).
@@ -213,18 +230,41 @@ impl Model {
         if b.positions.len() != n || b.kv_slots.len() != n {
             return bad("positions/kv_slots length differs from tokens".into());
         }
-        if b.n_kv == 0 || b.n_kv > kv.n_cells() {
-            return bad(format!("n_kv {} outside 1..={}", b.n_kv, kv.n_cells()));
-        }
-        if b.mask.len() != b.n_kv * n || b.mask_swa.as_ref().is_some_and(|m| m.len() != b.n_kv * n)
-        {
-            return bad("mask size is not n_kv * n_tokens".into());
-        }
         if b.tokens.iter().any(|&t| t as usize >= self.hp.n_vocab) {
             return bad("token id outside the vocabulary".into());
         }
-        if b.kv_slots.iter().any(|&s| s < 0 || s as usize >= b.n_kv) {
-            return bad("kv slot outside 0..n_kv".into());
+        if b.kv_slots
+            .iter()
+            .any(|&s| s < 0 || s as usize >= kv.n_cells())
+        {
+            return bad("kv slot outside the pool".into());
+        }
+        let mut next_row = 0;
+        for s in &b.seqs {
+            if s.row_start != next_row || s.n_rows == 0 {
+                return bad("sequence spans must cover the tokens in order".into());
+            }
+            next_row += s.n_rows;
+            if s.n_kv == 0 || s.kv_start + s.n_kv > kv.n_cells() {
+                return bad(format!(
+                    "KV window {}+{} outside 0..{}",
+                    s.kv_start,
+                    s.n_kv,
+                    kv.n_cells()
+                ));
+            }
+            let want = s.n_kv * s.n_rows;
+            if s.mask.len() != want || s.mask_swa.as_ref().is_some_and(|m| m.len() != want) {
+                return bad("mask size is not n_kv * n_rows".into());
+            }
+            if self.hp.swa_window.is_some() && s.mask_swa.is_none() {
+                return bad(
+                    "model has sliding-window layers but a sequence has no mask_swa".into(),
+                );
+            }
+        }
+        if next_row != n {
+            return bad("sequence spans do not cover every token".into());
         }
         if b.output_rows.is_empty() || b.output_rows.iter().any(|&r| r < 0 || r as usize >= n) {
             return bad("output rows empty or out of range".into());
@@ -244,23 +284,28 @@ impl Model {
         let n_t = batch.tokens.len();
         let n_out = batch.output_rows.len();
         let ctx = Context::new(MAX_NODES * 2, MAX_NODES)?;
+        let mask_input = |name: &str, s: &SeqSpan| {
+            ctx.new_input(name, DType::F16, &[s.n_kv as i64, s.n_rows as i64])
+        };
         let inp = Inputs {
             tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
             pos: ctx.new_input("inp_pos", DType::I32, &[n_t as i64]),
             slots: ctx.new_input("inp_kv_slots", DType::I64, &[n_t as i64]),
-            mask: ctx.new_input("inp_mask", DType::F16, &[batch.n_kv as i64, n_t as i64]),
-            mask_swa: batch.mask_swa.as_ref().map(|_| {
-                ctx.new_input("inp_mask_swa", DType::F16, &[batch.n_kv as i64, n_t as i64])
-            }),
+            seqs: batch
+                .seqs
+                .iter()
+                .map(|s| SeqInputs {
+                    row_start: s.row_start,
+                    n_rows: s.n_rows,
+                    kv_start: s.kv_start,
+                    n_kv: s.n_kv,
+                    mask: mask_input("inp_mask", s),
+                    mask_swa: s.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", s)),
+                })
+                .collect(),
             out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
-            n_kv: batch.n_kv,
             n_tokens: n_t,
         };
-        if self.hp.swa_window.is_some() && inp.mask_swa.is_none() {
-            return Err(ModelError::BadBatch(
-                "model has sliding-window layers but no mask_swa".into(),
-            ));
-        }
         let graph = ctx.new_graph(MAX_NODES);
         let mut b = Builder {
             ctx: &ctx,
@@ -282,10 +327,16 @@ impl Model {
         inp.tokens.write(&toks)?;
         inp.pos.write(&batch.positions)?;
         inp.slots.write(&batch.kv_slots)?;
-        inp.mask.write(&batch.mask)?;
-        if let (Some(t), Some(m)) = (inp.mask_swa, &batch.mask_swa) {
-            if t.is_allocated() {
-                t.write(m)?;
+        for (t, s) in inp.seqs.iter().zip(&batch.seqs) {
+            // A mask no layer reads (e.g. full attention in a model whose every layer
+            // slides) is not allocated.
+            if t.mask.is_allocated() {
+                t.mask.write(&s.mask)?;
+            }
+            if let (Some(t), Some(m)) = (t.mask_swa, &s.mask_swa) {
+                if t.is_allocated() {
+                    t.write(m)?;
+                }
             }
         }
         inp.out_ids.write(&batch.output_rows)?;

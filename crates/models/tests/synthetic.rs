@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tempo9_ggml::Device;
 use tempo9_gguf::GgufFile;
-use tempo9_models::{LoadOptions, MaskBuilder, Model, ModelError, StepBatch};
+use tempo9_models::{LoadOptions, MaskBuilder, Model, ModelError, SeqSpan, StepBatch};
 
 const E: usize = 64;
 const LAYERS: usize = 2;
@@ -151,34 +151,31 @@ fn load(bytes: Vec<u8>) -> Result<Model, ModelError> {
     Model::from_gguf(f, LoadOptions::new(Device::cpu()))
 }
 
-/// One step over `seqs` (token lists), each sequence in its own cells (sequence i's
-/// token j in cell `base[i] + j`); returns the logits of every token.
-fn step(model: &Model, seqs: &[&[u32]], base: &[u32]) -> Vec<Vec<f32>> {
+/// One step over `seqs` (token lists), sequence i's token j in cell `base[i] + j`;
+/// returns the logits of every token.
+fn step(model: &Model, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
     let kv = model.new_kv(64).unwrap();
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
     let mut b = StepBatch::default();
-    let mut cells = Vec::new();
     for (s, toks) in seqs.iter().enumerate() {
-        let c: Vec<(u32, i32)> = (0..toks.len())
-            .map(|j| (base[s] + j as u32, j as i32))
-            .collect();
+        let n_kv = 16;
+        let mut mask = MaskBuilder::new(n_kv, toks.len());
+        let row_start = b.tokens.len();
         for (j, &t) in toks.iter().enumerate() {
             b.tokens.push(t);
             b.positions.push(j as i32);
-            b.kv_slots.push(c[j].0 as i64);
+            b.kv_slots.push((base[s] + j) as i64);
+            mask.allow_prefix(j, j as i32, None);
         }
-        cells.push(c);
+        b.seqs.push(SeqSpan {
+            row_start,
+            n_rows: toks.len(),
+            kv_start: base[s],
+            n_kv,
+            mask: mask.into_data(),
+            mask_swa: None,
+        });
     }
-    b.n_kv = 64;
-    let mut m = MaskBuilder::new(b.n_kv, b.tokens.len());
-    let mut row = 0;
-    for (s, toks) in seqs.iter().enumerate() {
-        for j in 0..toks.len() {
-            m.allow(row, j as i32, &cells[s], None);
-            row += 1;
-        }
-    }
-    b.mask = m.into_data();
     b.output_rows = (0..b.tokens.len() as i32).collect();
     let l = model.forward(&mut exec, &kv, &b).unwrap();
     l.chunks(VOCAB).map(|c| c.to_vec()).collect()
@@ -191,10 +188,10 @@ fn tiny_llama_runs_and_sequences_are_isolated() {
     let a: &[u32] = &[1, 5, 9, 13, 2];
     let b: &[u32] = &[7, 3, 3];
     let alone_a = step(&model, &[a], &[0]);
-    let alone_b = step(&model, &[b], &[40]);
+    let alone_b = step(&model, &[b], &[48]);
     assert!(alone_a.iter().flatten().all(|x| x.is_finite()));
-    // Both in one step, interleaved cells far apart: each sees only its own.
-    let both = step(&model, &[a, b], &[10, 30]);
+    // Both in one step, in other cells: each sees only its own.
+    let both = step(&model, &[a, b], &[16, 32]);
     for (x, y) in both[..a.len()]
         .iter()
         .flatten()
