@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Regenerate docs/benchmarks.md from the latest bench/results/<date>-<scenario>.json
+of every suite scenario (the newest date wins; `--tag`ged files are ignored).
+
+    python3 bench/suite/docs.py
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from run import SCENARIOS, defaults_lines, md_table  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+RESULTS = os.path.join(REPO, "bench", "results")
+DOC = os.path.join(REPO, "docs", "benchmarks.md")
+
+INTRO = """# Benchmarks
+
+Tempo9 against llama.cpp's `llama-server` on the same GGUF file, same machine, one
+run per scenario (method: `/work/shared/BENCH.md`; harness and meaning of every
+number: [`bench/suite/README.md`](../bench/suite/README.md)). This page is generated
+by `python3 bench/suite/docs.py` from the newest result of each scenario in
+`bench/results/`; the raw JSON beside each table holds every request, the
+command lines and the server's resolved settings.
+
+**Status: llama.cpp only.** Tempo9 has no HTTP server yet (issue 5), so the
+harness skips it and the tables below have no Tempo9 rows; they fill in when the
+server lands and the scenarios are re-run. Machine: 2 shared CPU cores, so
+absolute numbers drift between runs; compare engines within one run.
+
+Models: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (`qwen`) and SmolLM2-135M-Instruct
+Q4_1 (`smollm2`), see `/work/shared/MODELS.md`.
+"""
+
+
+def latest(scenario):
+    pat = re.compile(r"^(\d{4}-\d{2}-\d{2})-%s\.json$" % re.escape(scenario))
+    files = sorted(f for f in glob.glob(os.path.join(RESULTS, "*.json")) if pat.match(os.path.basename(f)))
+    return files[-1] if files else None
+
+
+def main():
+    out = [INTRO]
+    for scen in SCENARIOS:
+        path = latest(scen)
+        if not path:
+            continue
+        with open(path) as f:
+            res = json.load(f)
+        stem = os.path.splitext(os.path.relpath(path, os.path.dirname(DOC)))[0]
+        s = res.get("summary") or {}
+        out += ["## %s" % scen, "",
+                "Run %s, %.0f s, `%s`. Raw: [`%s.json`](%s.json), summary [`%s.md`](%s.md)." % (
+                    res["started"][:16].replace("T", " "), res.get("duration_s", 0), res["command"],
+                    os.path.basename(stem), stem, os.path.basename(stem), stem), ""]
+        if res.get("model_note"):
+            out += ["Model: " + res["model_note"], ""]
+        for k, why in (res.get("skipped") or {}).items():
+            out += ["*%s not measured: %s*" % (k, why), ""]
+        if s.get("table", {}).get("rows"):
+            out += md_table(s["table"]) + [""]
+        for n in s.get("notes", []):
+            out.append("- " + n)
+        if os.path.exists(os.path.splitext(path)[0] + ".png"):
+            out += ["", "![%s](%s.png)" % (scen, stem)]
+        dl = defaults_lines(res)
+        if dl:
+            out += ["", "<details><summary>llama.cpp defaults in force</summary>", "", "```"] + dl + ["```", "",
+                                                                                                   "</details>"]
+        out.append("")
+    os.makedirs(os.path.dirname(DOC), exist_ok=True)
+    with open(DOC, "w") as f:
+        f.write("\n".join(out))
+    print("wrote", os.path.relpath(DOC, REPO))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Tempo9 benchmark suite: one scenario, each engine started by the harness.
+
+    python3 bench/suite/run.py SCENARIO [--engines llamacpp,tempo9] [--model smollm2|qwen[,..]] [...]
+
+SCENARIO: agents (both variants), agents-1.5k, agents-10k, startup-memory,
+fill-memory, prefix-hit, decode, throughput. See bench/suite/README.md for
+what each measures, the defaults and the time each takes on 2 CPU cores.
+
+For every engine and model: start the engine on a free 127.0.0.1 port, wait
+for /health, run the scenario through the OpenAI-compatible streaming API,
+stop it. Writes bench/results/<date>-<scenario>.json (raw, with command lines
+and server logs' resolved defaults), .md (summary) and .png (chart, by
+bench/suite/charts.py). Engines that cannot be measured (Tempo9 without an
+HTTP server) are skipped with a message and listed in the result.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import charts  # noqa: E402
+import scenarios as sc  # noqa: E402
+from engines import MODEL_INFO, MODELS, REPO, make_engines  # noqa: E402
+
+SCENARIOS = ["agents", "agents-1.5k", "agents-10k", "startup-memory", "fill-memory", "prefix-hit", "decode",
+             "throughput"]
+
+# default model(s) per scenario, chosen so that one invocation stays well under 10 minutes on 2 cores
+DEFAULT_MODEL = {
+    "agents": "qwen", "agents-1.5k": "qwen", "agents-10k": "qwen",
+    "startup-memory": "smollm2,qwen",
+    "fill-memory": "qwen",       # 16K/32K levels need qwen's 32K trained context (smollm2: 8K)
+    "prefix-hit": "qwen",        # 15K prefix needs > 8K context
+    "decode": "qwen",
+    "throughput": "qwen",
+}
+WHY_MODEL = {
+    "agents-10k": "a ~10K-token prompt does not fit SmolLM2's 8K trained context (llama-server caps slots to it)",
+    "fill-memory": "16K/32K tokens in context need Qwen2.5-Coder's 32K trained context",
+    "prefix-hit": "a 15K-token prefix needs Qwen2.5-Coder's 32K trained context",
+}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=SCENARIOS)
+    ap.add_argument("--engines", default="llamacpp,tempo9", help="comma list: llamacpp, tempo9")
+    ap.add_argument("--model", default=None, help="smollm2, qwen or a comma list (default per scenario)")
+    ap.add_argument("--models-dir", default=os.path.expanduser("~/.cache/tempo9/models"))
+    ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
+    ap.add_argument("--tempo9-extra", default="", help="extra args for the Tempo9 server")
+    ap.add_argument("--llama-extra", default="", help="extra args for llama-server (recorded; default none)")
+    ap.add_argument("--allow-amx", action="store_true", help="do not preload bench/foundation/no_amx.c")
+    ap.add_argument("--out-dir", default=os.path.join(REPO, "bench", "results"))
+    ap.add_argument("--tag", default="", help="suffix for the result file names (<date>-<scenario><tag>)")
+    ap.add_argument("--ctx", type=int, default=None, help="override the scenario's -c / --ctx")
+    ap.add_argument("--np", type=int, default=None,
+                    help="llama-server -np for agents (default: not passed = auto, 4 slots with unified KV)")
+    # agents
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--agents", type=int, default=4)
+    ap.add_argument("--per-agent", type=int, default=3, help="requests per agent per round")
+    ap.add_argument("--max-tokens", type=int, default=16, help="agents: tokens generated per request")
+    ap.add_argument("--budget-s", type=int, default=480,
+                    help="agents: start no new round after this many seconds per variant and engine")
+    ap.add_argument("--variant-tokens", default=None, help="agents: comma list of system prompt sizes")
+    # memory
+    ap.add_argument("--contexts", default="8192,32768,65536,131072", help="startup-memory: declared contexts")
+    ap.add_argument("--fill-levels", default="4000,16000,31000", help="fill-memory: target tokens in context")
+    ap.add_argument("--fill-ctx", type=int, default=32768, help="fill-memory: declared context")
+    ap.add_argument("--settle-s", type=float, default=2.0, help="seconds to wait before reading memory")
+    # prefix-hit
+    ap.add_argument("--prefix-sizes", default="4000,15000")
+    ap.add_argument("--warm-reps", type=int, default=3)
+    # decode / throughput
+    ap.add_argument("--reps", type=int, default=3, help="decode repetitions")
+    ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--streams", default="1,4,8,16")
+    ap.add_argument("--tp-tokens", type=int, default=128, help="throughput: max_tokens per stream")
+    a = ap.parse_args(argv)
+    a.contexts = [int(x) for x in a.contexts.split(",")]
+    a.fill_levels = [int(x) for x in a.fill_levels.split(",")]
+    a.prefix_sizes = [int(x) for x in a.prefix_sizes.split(",")]
+    a.streams = [int(x) for x in a.streams.split(",")]
+    return a
+
+
+def fmt(v):
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "%.3f" % v if abs(v) < 10 else ("%.1f" % v if abs(v) < 1000 else "%.0f" % v)
+    return str(v)
+
+
+def md_table(table):
+    lines = ["| " + " | ".join(table["header"]) + " |", "|" + "---|" * len(table["header"])]
+    for row in table["rows"]:
+        lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
+    return lines
+
+
+def defaults_lines(result):
+    """Human-readable llama.cpp defaults in force, from the first llama.cpp server record."""
+    out = []
+    for run in result["runs"]:
+        if run["engine"] != "llama.cpp":
+            continue
+        srv = run.get("server_first") or {}
+        r = srv.get("resolved") or {}
+        if not r:
+            continue
+        out.append("llama.cpp (%s): `%s`" % (run["model"], " ".join(os.path.basename(c) if i == 0 else c
+                                                                    for i, c in enumerate(srv["cmd"]))))
+        out.append("  in force (server log / `/props`): n_slots=%s, n_ctx=%s, n_ctx_slot=%s, kv_unified=%s, "
+                   "flash_attn=%s, n_batch=%s, n_ubatch=%s, KV buffer %s MiB, capped to trained ctx: %s, "
+                   "cache_prompt=%s" % (r.get("n_slots"), r.get("n_ctx"), r.get("n_ctx_slot"), r.get("kv_unified"),
+                                        r.get("flash_attn"), r.get("n_batch"), r.get("n_ubatch"),
+                                        r.get("kv_buffer_mib"), r.get("capped_to_trained_ctx"),
+                                        (r.get("props") or {}).get("cache_prompt")))
+        fit = [l for l in r.get("log_lines", []) if "fit" in l.lower()][:3]
+        if fit:
+            out.append("  --fit: " + " / ".join(fit))
+    if out:
+        out.append("  not overridden, per `llama-server --help`: prompt cache (--cache-ram 8192 MiB), "
+                   "--cache-prompt, --cache-idle-slots, flash attention auto, --fit on, continuous batching, "
+                   "weight repacking; AMX refused by the no-AMX shim.")
+    return out
+
+
+def write_markdown(result, summary, stem):
+    started = result["started"]
+    lines = ["# %s — %s" % (result["scenario"], started.replace("T", " ")), "",
+             "Command: `%s`" % result["command"], "",
+             "Engines: %s. Duration %.0f s. Load average %.1f at start, %.1f at end (2-core shared machine: "
+             "compare engines within this run, not absolute numbers across runs)." % (
+                 ", ".join("%s (%s)" % (r["engine"], r["model"]) for r in result["runs"]) or "none",
+                 result["duration_s"], result["host"]["loadavg_start"][0], result["host"]["loadavg_end"][0]), ""]
+    for k, why in result["skipped"].items():
+        lines += ["**%s not measured**: %s" % (k, why), ""]
+    if result.get("model_note"):
+        lines += ["Model: %s" % result["model_note"], ""]
+    lines += md_table(summary["table"]) + [""]
+    for n in summary["notes"]:
+        lines.append("- " + n)
+    dl = defaults_lines(result)
+    if dl:
+        lines += ["", "Defaults in force:", "", "```"] + dl + ["```"]
+    lines += ["", "Chart: `%s.png`; raw data: `%s.json`." % (os.path.basename(stem), os.path.basename(stem)), ""]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    scen = a.scenario
+    models = (a.model or DEFAULT_MODEL[scen]).split(",")
+    engines, skipped = make_engines(a.engines.split(","), a)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    t0 = time.perf_counter()
+    result = {
+        "scenario": scen,
+        "started": started.isoformat(timespec="seconds"),
+        "command": shlex.join(["python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)] +
+                              (argv if argv is not None else sys.argv[1:])),
+        "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "params": {k: v for k, v in vars(a).items() if k not in ("out_dir",)},
+        "models": {m: {"file": MODELS[m], "info": MODEL_INFO[m]} for m in models},
+        "engines": {e.key: e.describe() for e in engines},
+        "skipped": skipped,
+        "runs": [],
+    }
+    if scen in WHY_MODEL and not a.model:
+        result["model_note"] = "%s by default: %s." % (models[0], WHY_MODEL[scen])
+    for model in models:
+        path = os.path.join(a.models_dir, MODELS[model])
+        for eng in engines:
+            print("[%s] %s on %s" % (scen, eng.name, model), flush=True)
+            t_run = time.perf_counter()
+            if scen.startswith("agents"):
+                if a.variant_tokens:
+                    targets = [int(x) for x in a.variant_tokens.split(",")]
+                else:
+                    targets = {"agents": [1500, 10000], "agents-1.5k": [1500], "agents-10k": [10000]}[scen]
+                data = {"variants": []}
+                for t in targets:
+                    print(" variant ~%d-token system prompt" % t, flush=True)
+                    data["variants"].append(sc.run_agents(eng, model, path, a, t))
+                first = data["variants"][0]["server"]
+            else:
+                fn = getattr(sc, "run_" + scen.replace("-", "_"))
+                data = fn(eng, model, path, a)
+                first = data.get("server") or next(
+                    (x.get("server") for key in ("levels", "sizes") for x in data.get(key, []) if x.get("server")),
+                    None)
+            result["runs"].append({"engine": eng.name, "engine_key": eng.key, "model": model,
+                                   "wall_s": round(time.perf_counter() - t_run, 1), "server_first": first,
+                                   "data": data})
+    result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    result["duration_s"] = round(time.perf_counter() - t0, 1)
+    result["host"]["loadavg_end"] = os.getloadavg()
+    summ_fn = getattr(sc, "summarize_" + ("agents" if scen.startswith("agents") else scen.replace("-", "_")))
+    summary = summ_fn(result) if result["runs"] else {"panels": [], "table": {"header": [], "rows": []}, "notes": []}
+    result["summary"] = summary
+
+    os.makedirs(a.out_dir, exist_ok=True)
+    stem = os.path.join(a.out_dir, "%s-%s%s" % (started.strftime("%Y-%m-%d"), scen, a.tag))
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    md = write_markdown(result, summary, stem)
+    try:
+        charts.render(result, stem + ".png")
+    except Exception as e:  # noqa: BLE001
+        print("warning: chart not written: %s" % e, file=sys.stderr)
+    print(md)
+    print("wrote %s.{json,md,png} in %.0f s" % (os.path.relpath(stem, REPO), result["duration_s"]), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

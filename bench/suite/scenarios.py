@@ -1,0 +1,408 @@
+"""Scenario implementations. Each `run_<scenario>(engine, model_key, model_path, a)`
+starts the engine as the scenario needs, measures, stops it and returns a
+JSON-able dict; each `summarize_<scenario>(result)` turns the per-run data of
+all engines into chart panels, a markdown table and notes (see charts.py for
+the panel format).
+
+Times are client-side (time.perf_counter around the HTTP stream) unless the
+field says `server_`; memory is read from /proc of the server process.
+"""
+
+import time
+
+import prompts
+from client import chat, percentile, run_concurrent
+
+MB = 1e6
+
+
+def _warmup(srv):
+    """One tiny request so first-use costs (thread pools, graph allocation) do not land in a measurement."""
+    return chat(srv.base, [{"role": "user", "content": "Say hi."}], max_tokens=2)
+
+
+def _slim(res):
+    """Per-request record kept in the JSON (the generated text cut short)."""
+    d = {k: res.get(k) for k in ("ok", "ttft_s", "total_s", "decode_s", "n_deltas", "completion_tokens",
+                                 "prompt_tokens", "cached_tokens", "finish_reason", "error")}
+    for k in ("ttft_s", "total_s", "decode_s"):
+        if d[k] is not None:
+            d[k] = round(d[k], 4)
+    t = res.get("timings")
+    if t:
+        d["server_timings"] = {k: t.get(k) for k in ("cache_n", "prompt_n", "prompt_ms", "prompt_per_second",
+                                                     "predicted_n", "predicted_ms", "predicted_per_second")}
+    d["text_head"] = (res.get("text") or "")[:160]
+    return d
+
+
+def _server_record(engine, srv):
+    return {"cmd": srv.cmd, "startup_s": round(srv.startup_s, 3) if srv.startup_s else None,
+            "resolved": engine.resolved(srv)}
+
+
+def _cached(r):
+    """Cached prompt tokens: usage.prompt_tokens_details.cached_tokens, else llama.cpp's timings.cache_n."""
+    if r.get("cached_tokens") is not None:
+        return r["cached_tokens"]
+    return (r.get("server_timings") or {}).get("cache_n")
+
+
+def _r(x, n=3):
+    return None if x is None else round(x, n)
+
+
+def _mb(x):
+    return None if x is None else round(x / MB, 1)
+
+
+# ===================================================================== agents
+
+
+def agents_ctx(target, n_agents, rounds, per_round, unified):
+    """-c for llama.cpp: room for every agent's full history (estimate, generous)."""
+    per_agent = target + 600 * rounds * per_round + 2048
+    need = per_agent * n_agents
+    return ((need + 4095) // 4096) * 4096
+
+
+def run_agents(engine, model_key, model_path, a, target):
+    sys_text = prompts.system_prompt(target, prompts.cpt(model_key))
+    n_agents, per_round = a.agents, a.per_agent
+    ctx = a.ctx or agents_ctx(target, n_agents, a.rounds, per_round, a.np is None)
+    out = {"target_tokens": target, "system_chars": len(sys_text), "ctx": ctx, "np": a.np or "auto",
+           "rounds": [], "truncated": False}
+    t_start = time.perf_counter()
+    with engine.server(model_path, ctx=ctx, parallel=a.np) as srv:
+        out["server"] = _server_record(engine, srv)
+        out["warmup"] = _slim(_warmup(srv))
+        for rnd in range(a.rounds):
+            t_round = time.perf_counter()
+
+            def agent_job(i, rnd=rnd):
+                recs = []
+                for j in range(per_round):
+                    step = rnd * per_round + j
+                    res = chat(srv.base, prompts.agent_messages(sys_text, i, step), max_tokens=a.max_tokens)
+                    rec = _slim(res)
+                    rec.update({"agent": i, "round": rnd, "step": step})
+                    recs.append(rec)
+                return recs
+
+            per_agent = run_concurrent([lambda i=i: agent_job(i) for i in range(n_agents)])
+            reqs = [r for recs in per_agent for r in (recs if isinstance(recs, list) else [recs])]
+            ttfts = [r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]
+            rd = {"round": rnd, "wall_s": _r(time.perf_counter() - t_round, 2), "n_requests": len(reqs),
+                  "n_ok": sum(1 for r in reqs if r.get("ok")),
+                  "ttft_p50_s": _r(percentile(ttfts, 50)), "ttft_p95_s": _r(percentile(ttfts, 95)),
+                  "ttft_max_s": _r(max(ttfts) if ttfts else None),
+                  "prompt_tokens": [r.get("prompt_tokens") for r in reqs],
+                  "cached_tokens": [_cached(r) for r in reqs], "requests": reqs}
+            out["rounds"].append(rd)
+            print("  round %d: %d/%d ok, TTFT p50 %s s p95 %s s (%.0f s)" % (
+                rnd + 1, rd["n_ok"], len(reqs), rd["ttft_p50_s"], rd["ttft_p95_s"], rd["wall_s"]), flush=True)
+            if a.budget_s and time.perf_counter() - t_start > a.budget_s and rnd + 1 < a.rounds:
+                out["truncated"] = "stopped after round %d: over --budget-s %d" % (rnd + 1, a.budget_s)
+                break
+        out["memory_end"] = srv.memory(model_path)
+    return out
+
+
+def summarize_agents(result):
+    panels, rows, notes = [], [], []
+    by_variant = {}
+    for run in result["runs"]:
+        for v in run["data"]["variants"]:
+            by_variant.setdefault(v["target_tokens"], []).append((run, v))
+    for target, items in sorted(by_variant.items()):
+        label = "agents-%s" % ("%.1fk" % (target / 1000) if target < 2000 else "%dk" % (target // 1000))
+        prow = []
+        for run, v in items:
+            eng = run["engine"]
+            p50 = [r["ttft_p50_s"] for r in v["rounds"]]
+            p95 = [r["ttft_p95_s"] for r in v["rounds"]]
+            prow.append({"label": "%s p50" % eng, "engine": eng,
+                         "points": [{"tag": "r%d" % (i + 1), "value": x} for i, x in enumerate(p50)]})
+            prow.append({"label": "%s p95" % eng, "engine": eng,
+                         "points": [{"tag": "r%d" % (i + 1), "value": x} for i, x in enumerate(p95)]})
+            sys_tokens = None
+            if v["rounds"] and v["rounds"][0]["prompt_tokens"]:
+                sys_tokens = min(t for t in v["rounds"][0]["prompt_tokens"] if t) if any(
+                    v["rounds"][0]["prompt_tokens"]) else None
+            for r in v["rounds"]:
+                rows.append([label, run["model"], eng, "round %d" % (r["round"] + 1), r["ttft_p50_s"],
+                             r["ttft_p95_s"], r["ttft_max_s"], "%d/%d" % (r["n_ok"], r["n_requests"]),
+                             "%s–%s" % (min(t for t in r["prompt_tokens"] if t) if any(r["prompt_tokens"]) else "?",
+                                        max(t for t in r["prompt_tokens"] if t) if any(r["prompt_tokens"]) else "?"),
+                             r["wall_s"]])
+            if v.get("truncated"):
+                notes.append("%s %s: %s" % (label, eng, v["truncated"]))
+            notes.append("%s %s: first request prompt %s tokens (system prompt + task), -c %s, -np %s" % (
+                label, eng, sys_tokens, v["ctx"], v["np"]))
+        panels.append({"title": "%s: TTFT per round (range over rounds)" % label, "unit": "s",
+                       "better": "lower", "rows": prow})
+    table = {"header": ["variant", "model", "engine", "round", "TTFT p50 s", "TTFT p95 s", "TTFT max s", "ok",
+                        "prompt tokens", "round wall s"], "rows": rows}
+    return {"panels": panels, "table": table, "notes": notes}
+
+
+# ============================================================= startup-memory
+
+
+def run_startup_memory(engine, model_key, model_path, a):
+    out = {"levels": []}
+    for ctx in a.contexts:
+        lv = {"ctx": ctx}
+        try:
+            with engine.server(model_path, ctx=ctx, parallel=1) as srv:
+                time.sleep(a.settle_s)
+                lv["memory"] = srv.memory(model_path)
+                lv["server"] = _server_record(engine, srv)
+        except Exception as e:  # noqa: BLE001
+            lv["error"] = str(e)[-2000:]
+        m = lv.get("memory") or {}
+        print("  ctx %6d: RSS %s MB, RSS-model %s MB%s" % (ctx, _mb(m.get("VmRSS")), _mb(m.get("rss_minus_model")),
+                                                         " ERROR" if "error" in lv else ""), flush=True)
+        out["levels"].append(lv)
+    return out
+
+
+def _mem_panels(result, level_key, tag_fmt, title):
+    panels, rows = [], []
+    models = sorted({run["model"] for run in result["runs"]})
+    for model in models:
+        for metric, mt in (("rss_minus_model", "RSS − resident GGUF mapping"), ("VmRSS", "RSS")):
+            prow = []
+            for run in result["runs"]:
+                if run["model"] != model:
+                    continue
+                pts = [{"tag": tag_fmt(lv[level_key]), "value": _mb(lv["memory"][metric])}
+                       for lv in run["data"]["levels"] if lv.get("memory")]
+                prow.append({"label": run["engine"], "engine": run["engine"], "points": pts})
+            panels.append({"title": "%s, %s: %s" % (title, model, mt), "unit": "MB", "better": "lower",
+                           "rows": prow})
+    return panels
+
+
+def summarize_startup_memory(result):
+    panels = _mem_panels(result, "ctx", lambda c: "%dK" % (c // 1024), "startup")
+    rows, notes = [], []
+    for run in result["runs"]:
+        for lv in run["data"]["levels"]:
+            m = lv.get("memory")
+            res = (lv.get("server") or {}).get("resolved") or {}
+            if not m:
+                rows.append([run["model"], run["engine"], lv["ctx"], "failed", "", "", "", "", ""])
+                continue
+            rows.append([run["model"], run["engine"], lv["ctx"], _mb(m["VmRSS"]), _mb(m["rss_minus_model"]),
+                         _mb(m["model_file_rss"]), _mb(m.get("RssAnon")), res.get("kv_buffer_mib"),
+                         res.get("n_ctx_slot")])
+    notes.append("RSS − resident GGUF = VmRSS minus the resident pages of the mmap'd model file (/proc/PID/smaps). "
+                 "For llama.cpp it still contains the CPU_REPACK copies of the weights (anonymous memory) and the "
+                 "KV cache, which llama.cpp allocates and zero-fills for the whole declared context at start.")
+    table = {"header": ["model", "engine", "declared ctx", "RSS MB", "RSS − GGUF MB", "GGUF resident MB",
+                        "RssAnon MB", "KV buffer MiB (log)", "n_ctx_slot (log)"], "rows": rows}
+    return {"panels": panels, "table": table, "notes": notes}
+
+
+# ================================================================ fill-memory
+
+
+def run_fill_memory(engine, model_key, model_path, a):
+    out = {"ctx": a.fill_ctx, "levels": []}
+    with engine.server(model_path, ctx=a.fill_ctx, parallel=1) as srv:
+        out["server"] = _server_record(engine, srv)
+        time.sleep(a.settle_s)
+        out["levels"].append({"target_tokens": 0, "memory": srv.memory(model_path)})
+        for target in a.fill_levels:
+            sys_text = prompts.system_prompt(target, prompts.cpt(model_key))
+            t0 = time.perf_counter()
+            res = chat(srv.base, [{"role": "system", "content": sys_text},
+                                  {"role": "user", "content": "Reply with OK."}], max_tokens=4)
+            wall = time.perf_counter() - t0
+            time.sleep(a.settle_s)
+            lv = {"target_tokens": target, "request": _slim(res), "wall_s": round(wall, 2),
+                  "memory": srv.memory(model_path)}
+            out["levels"].append(lv)
+            print("  %6d tokens in context (prompt %s, cached %s): RSS %s MB, RSS-model %s MB (%.0f s)%s" % (
+                target, res.get("prompt_tokens"), res.get("cached_tokens"), _mb(lv["memory"]["VmRSS"]),
+                _mb(lv["memory"]["rss_minus_model"]), wall, "" if res.get("ok") else " ERROR " + str(res.get("error"))),
+                flush=True)
+            if not res.get("ok"):
+                break
+    return out
+
+
+def summarize_fill_memory(result):
+    def tag(t):
+        return "start" if t == 0 else "%dK" % round(t / 1000)
+    panels = _mem_panels(result, "target_tokens", tag, "fill")
+    rows = []
+    for run in result["runs"]:
+        base = run["data"]["levels"][0]["memory"]
+        for lv in run["data"]["levels"]:
+            m = lv["memory"]
+            req = lv.get("request") or {}
+            rows.append([run["model"], run["engine"], run["data"]["ctx"], req.get("prompt_tokens", 0),
+                         _mb(m["VmRSS"]), _mb(m["rss_minus_model"]), _mb(m["rss_minus_model"] - base["rss_minus_model"]),
+                         lv.get("wall_s")])
+    table = {"header": ["model", "engine", "declared ctx", "tokens in context", "RSS MB", "RSS − GGUF MB",
+                        "growth since start MB", "fill request s"], "rows": rows}
+    notes = ["Each level is one request whose prompt extends the previous one (same prefix), so only the new "
+             "part is prefilled; memory is read 'settle' seconds after the response."]
+    return {"panels": panels, "table": table, "notes": notes}
+
+
+# ================================================================= prefix-hit
+
+
+def run_prefix_hit(engine, model_key, model_path, a):
+    out = {"sizes": []}
+    for size in a.prefix_sizes:
+        sys_text = prompts.system_prompt(size, prompts.cpt(model_key))
+        ctx = ((size + 2048 + 1023) // 1024) * 1024 if not a.ctx else a.ctx
+        sz = {"target_tokens": size, "ctx": ctx, "requests": []}
+        with engine.server(model_path, ctx=ctx, parallel=1) as srv:
+            sz["server"] = _server_record(engine, srv)
+            sz["warmup"] = _slim(_warmup(srv))
+            for k in range(1 + a.warm_reps):
+                q = prompts.PREFIX_QUESTIONS[k % len(prompts.PREFIX_QUESTIONS)]
+                res = chat(srv.base, [{"role": "system", "content": sys_text}, {"role": "user", "content": q}],
+                           max_tokens=8)
+                rec = _slim(res)
+                rec["kind"] = "cold" if k == 0 else "warm"
+                sz["requests"].append(rec)
+                print("  prefix %5d %s: TTFT %s s, prompt %s, cached %s" % (
+                    size, rec["kind"], rec["ttft_s"], rec["prompt_tokens"], _cached(rec)), flush=True)
+        out["sizes"].append(sz)
+    return out
+
+
+def summarize_prefix_hit(result):
+    panels, rows = [], []
+    sizes = sorted({s["target_tokens"] for run in result["runs"] for s in run["data"]["sizes"]})
+    for size in sizes:
+        prow = []
+        for run in result["runs"]:
+            for s in run["data"]["sizes"]:
+                if s["target_tokens"] != size:
+                    continue
+                cold = [r for r in s["requests"] if r["kind"] == "cold"]
+                warm = [r for r in s["requests"] if r["kind"] == "warm"]
+                prow.append({"label": "%s cold" % run["engine"], "engine": run["engine"],
+                             "points": [{"tag": "cold", "value": _r(r["ttft_s"])} for r in cold]})
+                prow.append({"label": "%s warm" % run["engine"], "engine": run["engine"],
+                             "points": [{"tag": "w%d" % (i + 1), "value": _r(r["ttft_s"])} for i, r in enumerate(warm)]})
+                c = cold[0] if cold else {}
+                wt = [r["ttft_s"] for r in warm if r.get("ttft_s") is not None]
+                wmed = percentile(wt, 50)
+                c_pms = (c.get("server_timings") or {}).get("prompt_ms")
+                w_pms = percentile([(r.get("server_timings") or {}).get("prompt_ms") for r in warm], 50)
+                rows.append([run["model"], run["engine"], c.get("prompt_tokens") or size, _r(c.get("ttft_s"), 2),
+                             _r(c_pms / 1000, 2) if c_pms is not None else None, _r(wmed, 3),
+                             _r(w_pms / 1000, 3) if w_pms is not None else None,
+                             ", ".join(str(_cached(r)) for r in warm),
+                             _r(c["ttft_s"] / wmed, 1) if (c.get("ttft_s") and wmed) else None])
+        panels.append({"title": "prefix-hit, ~%dK-token shared prefix: TTFT cold vs warm" % round(size / 1000),
+                       "unit": "s", "better": "lower", "rows": prow, "log": True})
+    table = {"header": ["model", "engine", "prompt tokens", "cold TTFT s", "cold server prefill s",
+                        "warm TTFT s (median)", "warm server prefill s", "cached tokens (warm)", "cold/warm"],
+             "rows": rows}
+    notes = ["Cold = first request on a fresh server; warm = later requests with the same system prefix and a "
+             "different user question. Cached tokens = usage.prompt_tokens_details.cached_tokens (llama.cpp: "
+             "also timings.cache_n)."]
+    return {"panels": panels, "table": table, "notes": notes}
+
+
+# ===================================================================== decode
+
+
+def run_decode(engine, model_key, model_path, a):
+    sys_text = prompts.system_prompt(0)
+    msgs = [{"role": "system", "content": sys_text}, {"role": "user", "content": prompts.DECODE_USER}]
+    out = {"max_tokens": a.decode_tokens, "reps": []}
+    with engine.server(model_path, ctx=a.ctx or 4096, parallel=1) as srv:
+        out["server"] = _server_record(engine, srv)
+        out["warmup"] = _slim(_warmup(srv))
+        for k in range(a.reps):
+            res = chat(srv.base, msgs, max_tokens=a.decode_tokens)
+            rec = _slim(res)
+            n = rec["completion_tokens"] or rec["n_deltas"]
+            rec["tok_s"] = _r((n - 1) / rec["decode_s"], 2) if (rec.get("decode_s") and n and n > 1) else None
+            rec["text_tail"] = (res.get("text") or "")[-160:]
+            out["reps"].append(rec)
+            print("  rep %d: %s tokens (%s deltas), %s tok/s excl. TTFT %s s; server %s tok/s" % (
+                k + 1, rec["completion_tokens"], rec["n_deltas"], rec["tok_s"], rec["ttft_s"],
+                _r((rec.get("server_timings") or {}).get("predicted_per_second"), 2)), flush=True)
+    return out
+
+
+def summarize_decode(result):
+    prow, rows, notes = [], [], []
+    for run in result["runs"]:
+        reps = run["data"]["reps"]
+        prow.append({"label": "%s (%s)" % (run["engine"], run["model"]), "engine": run["engine"],
+                     "points": [{"tag": "#%d" % (i + 1), "value": r["tok_s"]} for i, r in enumerate(reps)]})
+        ts = [r["tok_s"] for r in reps if r["tok_s"]]
+        ns = [r["completion_tokens"] or r["n_deltas"] for r in reps]
+        rows.append([run["model"], run["engine"], _r(percentile(ts, 50), 1),
+                     "%s–%s" % (_r(min(ts), 1), _r(max(ts), 1)) if ts else "",
+                     _r(percentile([(r.get("server_timings") or {}).get("predicted_per_second") for r in reps], 50), 1),
+                     ", ".join(str(n) for n in ns), _r(percentile([r["ttft_s"] for r in reps], 50), 2)])
+        if any(n is not None and n < 200 for n in ns):
+            notes.append("%s %s: fewer than 200 tokens generated in some repetitions (model stopped early)" % (
+                run["engine"], run["model"]))
+    notes.append("tok/s = (completion_tokens − 1) / (last content delta − first content delta), client side; "
+                 "no speculative decoding.")
+    panels = [{"title": "decode: single stream, tool-call JSON (range over repetitions)", "unit": "tok/s",
+               "better": "higher", "rows": prow}]
+    table = {"header": ["model", "engine", "tok/s (median)", "range", "server-reported tok/s", "tokens generated",
+                        "TTFT s"], "rows": rows}
+    return {"panels": panels, "table": table, "notes": notes}
+
+
+# ================================================================= throughput
+
+
+def run_throughput(engine, model_key, model_path, a):
+    npar = max(a.streams)
+    ctx = a.ctx or npar * 1024
+    out = {"max_tokens": a.tp_tokens, "ctx": ctx, "np": npar, "levels": []}
+    with engine.server(model_path, ctx=ctx, parallel=npar) as srv:
+        out["server"] = _server_record(engine, srv)
+        out["warmup"] = _slim(_warmup(srv))
+        for n in a.streams:
+            t0 = time.perf_counter()
+            res = run_concurrent([lambda j=j: chat(srv.base, prompts.throughput_messages(j, n), max_tokens=a.tp_tokens)
+                                  for j in range(n)])
+            wall = time.perf_counter() - t0
+            recs = [_slim(r) for r in res]
+            toks = sum((r["completion_tokens"] or r["n_deltas"] or 0) for r in recs)
+            per = [((r["completion_tokens"] or r["n_deltas"]) - 1) / r["decode_s"] for r in recs
+                   if r.get("decode_s") and (r["completion_tokens"] or r["n_deltas"] or 0) > 1]
+            lv = {"streams": n, "wall_s": round(wall, 3), "tokens": toks, "agg_tok_s": _r(toks / wall, 2),
+                  "per_stream_tok_s_median": _r(percentile(per, 50), 2),
+                  "ttft_p50_s": _r(percentile([r["ttft_s"] for r in recs], 50)),
+                  "n_ok": sum(1 for r in recs if r["ok"]), "requests": recs}
+            out["levels"].append(lv)
+            print("  %2d streams: %d tokens in %.1f s = %.1f tok/s aggregate (per stream %s tok/s)" % (
+                n, toks, wall, toks / wall, lv["per_stream_tok_s_median"]), flush=True)
+    return out
+
+
+def summarize_throughput(result):
+    prow, rows = [], []
+    for run in result["runs"]:
+        lvs = run["data"]["levels"]
+        prow.append({"label": "%s (%s)" % (run["engine"], run["model"]), "engine": run["engine"],
+                     "points": [{"tag": "×%d" % lv["streams"], "value": lv["agg_tok_s"]} for lv in lvs]})
+        for lv in lvs:
+            rows.append([run["model"], run["engine"], lv["streams"], lv["agg_tok_s"], lv["per_stream_tok_s_median"],
+                         lv["ttft_p50_s"], lv["tokens"], lv["wall_s"], "%d/%d" % (lv["n_ok"], lv["streams"])])
+    panels = [{"title": "throughput: aggregate tok/s at 1/4/8/16 streams", "unit": "tok/s", "better": "higher",
+               "rows": prow, "kind": "bars"}]
+    table = {"header": ["model", "engine", "streams", "aggregate tok/s", "per-stream decode tok/s", "TTFT p50 s",
+                        "tokens", "wall s", "ok"], "rows": rows}
+    notes = ["aggregate tok/s = all completion tokens / wall time from the first request sent to the last stream "
+             "finished (includes prefill and TTFT); per-stream decode excludes TTFT."]
+    return {"panels": panels, "table": table, "notes": notes}
