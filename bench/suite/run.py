@@ -59,6 +59,8 @@ def parse_args(argv=None):
     ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
     ap.add_argument("--tempo9-extra", default="", help="extra args for the Tempo9 server")
     ap.add_argument("--llama-extra", default="", help="extra args for llama-server (recorded; default none)")
+    ap.add_argument("--llama-quiet", action="store_true",
+                    help="do not pass -lv 4 to llama-server (then its log omits prompt-cache/--fit decisions)")
     ap.add_argument("--allow-amx", action="store_true", help="do not preload bench/foundation/no_amx.c")
     ap.add_argument("--out-dir", default=os.path.join(REPO, "bench", "results"))
     ap.add_argument("--tag", default="", help="suffix for the result file names (<date>-<scenario><tag>)")
@@ -121,15 +123,18 @@ def defaults_lines(result):
             continue
         out.append("llama.cpp (%s): `%s`" % (run["model"], " ".join(os.path.basename(c) if i == 0 else c
                                                                     for i, c in enumerate(srv["cmd"]))))
-        out.append("  in force (server log / `/props`): n_slots=%s, n_ctx=%s, n_ctx_slot=%s, kv_unified=%s, "
-                   "flash_attn=%s, n_batch=%s, n_ubatch=%s, KV buffer %s MiB, capped to trained ctx: %s, "
-                   "cache_prompt=%s" % (r.get("n_slots"), r.get("n_ctx"), r.get("n_ctx_slot"), r.get("kv_unified"),
-                                        r.get("flash_attn"), r.get("n_batch"), r.get("n_ubatch"),
-                                        r.get("kv_buffer_mib"), r.get("capped_to_trained_ctx"),
-                                        (r.get("props") or {}).get("cache_prompt")))
-        fit = [l for l in r.get("log_lines", []) if "fit" in l.lower()][:3]
-        if fit:
-            out.append("  --fit: " + " / ".join(fit))
+        fa = r.get("flash_attn_resolved") or next(
+            (l.split("Flash Attention ")[-1] for l in r.get("log_lines", []) if "Flash Attention " in l), None)
+        out.append("  in force (server log / `/props`): n_slots=%s%s, n_ctx=%s, n_ctx_slot=%s, kv_unified=%s, "
+                   "flash_attn=%s%s, n_batch=%s, n_ubatch=%s, KV buffer %s MiB, slot capped to trained ctx: %s, "
+                   "prompt cache (RAM): %s, threads=%s" % (
+                       r.get("n_slots"), " (auto)" if r.get("np_auto") else "", r.get("n_ctx"), r.get("n_ctx_slot"),
+                       r.get("kv_unified"), r.get("flash_attn"),
+                       " -> %s" % fa if fa else "",
+                       r.get("n_batch"), r.get("n_ubatch"), r.get("kv_buffer_mib"), r.get("capped_to_trained_ctx"),
+                       r.get("prompt_cache"), r.get("threads")))
+        if r.get("fit"):
+            out.append("  --fit: " + " / ".join(r["fit"]))
     if out:
         out.append("  not overridden, per `llama-server --help`: prompt cache (--cache-ram 8192 MiB), "
                    "--cache-prompt, --cache-idle-slots, flash attention auto, --fit on, continuous batching, "
@@ -161,7 +166,31 @@ def write_markdown(result, summary, stem):
     return "\n".join(lines)
 
 
+def summarize(result):
+    scen = result["scenario"]
+    fn = getattr(sc, "summarize_" + ("agents" if scen.startswith("agents") else scen.replace("-", "_")))
+    return fn(result) if result["runs"] else {"panels": [], "table": {"header": [], "rows": []}, "notes": []}
+
+
+def rerender(paths):
+    """Recompute summary, markdown and chart of existing result JSONs (after changing summary code)."""
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        result["summary"] = summarize(result)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        stem = os.path.splitext(path)[0]
+        write_markdown(result, result["summary"], stem)
+        charts.render(result, stem + ".png")
+        print("re-rendered", stem)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--rerender":
+        return rerender(argv[1:])
     a = parse_args(argv)
     scen = a.scenario
     models = (a.model or DEFAULT_MODEL[scen]).split(",")
@@ -172,7 +201,7 @@ def main(argv=None):
         "scenario": scen,
         "started": started.isoformat(timespec="seconds"),
         "command": shlex.join(["python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)] +
-                              (argv if argv is not None else sys.argv[1:])),
+                              argv),
         "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "params": {k: v for k, v in vars(a).items() if k not in ("out_dir",)},
         "models": {m: {"file": MODELS[m], "info": MODEL_INFO[m]} for m in models},
@@ -209,9 +238,7 @@ def main(argv=None):
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     result["duration_s"] = round(time.perf_counter() - t0, 1)
     result["host"]["loadavg_end"] = os.getloadavg()
-    summ_fn = getattr(sc, "summarize_" + ("agents" if scen.startswith("agents") else scen.replace("-", "_")))
-    summary = summ_fn(result) if result["runs"] else {"panels": [], "table": {"header": [], "rows": []}, "notes": []}
-    result["summary"] = summary
+    summary = result["summary"] = summarize(result)
 
     os.makedirs(a.out_dir, exist_ok=True)
     stem = os.path.join(a.out_dir, "%s-%s%s" % (started.strftime("%Y-%m-%d"), scen, a.tag))

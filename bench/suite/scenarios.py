@@ -168,19 +168,20 @@ def run_startup_memory(engine, model_key, model_path, a):
 
 
 def _mem_panels(result, level_key, tag_fmt, title):
-    panels, rows = [], []
+    """One panel per model; rows: each engine's RSS − resident GGUF and RSS, a point per level."""
+    panels = []
     models = sorted({run["model"] for run in result["runs"]})
     for model in models:
-        for metric, mt in (("rss_minus_model", "RSS − resident GGUF mapping"), ("VmRSS", "RSS")):
-            prow = []
-            for run in result["runs"]:
-                if run["model"] != model:
-                    continue
+        prow = []
+        for run in result["runs"]:
+            if run["model"] != model:
+                continue
+            for metric, mt in (("rss_minus_model", "RSS − GGUF"), ("VmRSS", "RSS")):
                 pts = [{"tag": tag_fmt(lv[level_key]), "value": _mb(lv["memory"][metric])}
                        for lv in run["data"]["levels"] if lv.get("memory")]
-                prow.append({"label": run["engine"], "engine": run["engine"], "points": pts})
-            panels.append({"title": "%s, %s: %s" % (title, model, mt), "unit": "MB", "better": "lower",
-                           "rows": prow})
+                prow.append({"label": "%s %s" % (run["engine"], mt), "engine": run["engine"], "points": pts})
+        panels.append({"title": "%s, %s: RSS and RSS minus resident GGUF pages" % (title, model), "unit": "MB",
+                       "better": "lower", "rows": prow})
     return panels
 
 
@@ -197,6 +198,13 @@ def summarize_startup_memory(result):
             rows.append([run["model"], run["engine"], lv["ctx"], _mb(m["VmRSS"]), _mb(m["rss_minus_model"]),
                          _mb(m["model_file_rss"]), _mb(m.get("RssAnon")), res.get("kv_buffer_mib"),
                          res.get("n_ctx_slot")])
+    for run in result["runs"]:
+        capped = [lv["ctx"] for lv in run["data"]["levels"]
+                  if ((lv.get("server") or {}).get("resolved") or {}).get("n_ctx_slot") not in (None, lv["ctx"])]
+        if capped and run["engine"] == "llama.cpp":
+            notes.append("llama.cpp %s: at declared context %s the slot is capped to the model's trained context "
+                         "(n_ctx_slot), yet the KV buffer is allocated for the whole declared context." % (
+                             run["model"], ", ".join("%dK" % (c // 1024) for c in capped)))
     notes.append("RSS − resident GGUF = VmRSS minus the resident pages of the mmap'd model file (/proc/PID/smaps). "
                  "For llama.cpp it still contains the CPU_REPACK copies of the weights (anonymous memory) and the "
                  "KV cache, which llama.cpp allocates and zero-fills for the whole declared context at start.")
@@ -348,7 +356,7 @@ def summarize_decode(result):
         rows.append([run["model"], run["engine"], _r(percentile(ts, 50), 1),
                      "%s–%s" % (_r(min(ts), 1), _r(max(ts), 1)) if ts else "",
                      _r(percentile([(r.get("server_timings") or {}).get("predicted_per_second") for r in reps], 50), 1),
-                     ", ".join(str(n) for n in ns), _r(percentile([r["ttft_s"] for r in reps], 50), 2)])
+                     ", ".join(str(n) for n in ns), _r(percentile([r["ttft_s"] for r in reps], 50), 3)])
         if any(n is not None and n < 200 for n in ns):
             notes.append("%s %s: fewer than 200 tokens generated in some repetitions (model stopped early)" % (
                 run["engine"], run["model"]))
