@@ -3,6 +3,7 @@
 
 pub mod generate;
 pub mod kv;
+pub mod pages;
 pub mod sampler;
 
 pub use generate::{
