@@ -18,6 +18,22 @@ fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
     // OUT_DIR = <target>/<profile>/build/<pkg>-<hash>/out
     let profile_dir = out.ancestors().nth(3).expect("profile dir").to_path_buf();
+    // llama-cpp-sys-2 hard-links the unversioned names (symlinks to `*.so.0`) into these
+    // directories and panics when it finds one dangling on a later build; libllama is
+    // not used by Tempo9, so a link to the build output keeps that symlink valid.
+    for dir in [
+        profile_dir.clone(),
+        profile_dir.join("deps"),
+        profile_dir.join("examples"),
+    ] {
+        let dst = dir.join("libllama.so.0");
+        let src = lib_dir.join("libllama.so.0");
+        if src.exists() && std::fs::symlink_metadata(&dst).is_err() {
+            std::fs::create_dir_all(&dir).expect("create target dir");
+            #[cfg(unix)]
+            std::os::unix::fs::symlink(&src, &dst).expect("link libllama");
+        }
+    }
     for name in ["libggml-base.so.0", "libggml.so.0", "libggml-cpu.so.0"] {
         let src = lib_dir.join(name);
         if !src.exists() {

@@ -275,7 +275,9 @@ impl Engine {
                     budget -= n;
                 }
             }
-            plan.sort_unstable(); // token order = running order
+            // Token order: single-token decodes first (they share matmuls), then prompt
+            // chunks, each in running order.
+            plan.sort_unstable_by_key(|&(i, start, end)| (end - start > 1, i));
             let batch = self.assemble(running, &plan);
             let mut logits = self.model.forward(&mut self.exec, &self.kv, &batch)?;
 
@@ -329,7 +331,7 @@ impl Engine {
         }
     }
 
-    /// Builds the step batch for `plan` (sorted by running index).
+    /// Builds the step batch for `plan` (in token order).
     fn assemble(&self, running: &[Seq], plan: &[(usize, usize, usize)]) -> StepBatch {
         let window = self.model.hparams().swa_window;
         let mut b = StepBatch::default();

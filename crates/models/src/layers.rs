@@ -58,9 +58,53 @@ impl<'a> Builder<'a> {
         self.ctx.mul(n, self.wt(w))
     }
 
-    /// `w x (+ b)`.
+    /// `w x (+ b)`, with the rows of `x` split into groups that each sequence would
+    /// also see alone, so its numbers do not depend on what else is in the step:
+    /// ggml's CPU matmuls choose kernels and tiles by row count, and some round
+    /// differently (repacked weights: gemm for row groups of four, gemv for the rest).
+    /// Prompt chunks multiply on their own; single-row decodes multiply together,
+    /// except on repacked weights (a small share of the bytes), where each row goes
+    /// alone.
     pub fn linear(&self, w: WeightId, x: Tensor<'a>, b: Option<WeightId>) -> Tensor<'a> {
-        let y = self.ctx.mul_mat(self.wt(w), x);
+        let n_rows = x.ne()[1] as usize;
+        let repacked = self.w.is_repacked(w);
+        // Row ranges: per sequence on all tokens, or (after `select_outputs`) one
+        // output row per sequence.
+        let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {
+            self.inp
+                .seqs
+                .iter()
+                .map(|s| (s.row_start, s.n_rows))
+                .collect()
+        } else {
+            (0..n_rows).map(|r| (r, 1)).collect()
+        };
+        // (first row, rows, made of single-row spans only)
+        let mut groups: Vec<(usize, usize, bool)> = Vec::new();
+        for (start, rows) in spans {
+            match groups.last_mut() {
+                // Adjacent single rows share one matmul unless the weight is repacked.
+                Some(g) if !repacked && rows == 1 && g.2 && g.0 + g.1 == start => g.1 += 1,
+                _ => groups.push((start, rows, rows == 1)),
+            }
+        }
+        let y = if groups.len() > 1 {
+            let nb1 = x.nb()[1];
+            let mut y: Option<Tensor<'a>> = None;
+            for &(start, rows, _) in &groups {
+                let xs = self
+                    .ctx
+                    .view(x, &[x.ne()[0], rows as i64], &[nb1], start * nb1);
+                let ys = self.ctx.mul_mat(self.wt(w), xs);
+                y = Some(match y {
+                    None => ys,
+                    Some(prev) => self.ctx.concat(prev, ys, 1),
+                });
+            }
+            y.expect("at least one group")
+        } else {
+            self.ctx.mul_mat(self.wt(w), x)
+        };
         match b {
             Some(b) => self.ctx.add(y, self.wt(b)),
             None => y,

@@ -283,7 +283,10 @@ impl Model {
         self.check(batch, kv)?;
         let n_t = batch.tokens.len();
         let n_out = batch.output_rows.len();
-        let ctx = Context::new(MAX_NODES * 2, MAX_NODES)?;
+        // Size the per-step arena to this graph (a fixed worst case would cost a large
+        // allocation and page faults on every decode step).
+        let nodes = (256 + self.hp.n_layer * (64 + 16 * batch.seqs.len())).min(MAX_NODES);
+        let ctx = Context::new(nodes * 2, nodes)?;
         let mask_input = |name: &str, s: &SeqSpan| {
             ctx.new_input(name, DType::F16, &[s.n_kv as i64, s.n_rows as i64])
         };
@@ -306,7 +309,7 @@ impl Model {
             out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
             n_tokens: n_t,
         };
-        let graph = ctx.new_graph(MAX_NODES);
+        let graph = ctx.new_graph(nodes);
         let mut b = Builder {
             ctx: &ctx,
             graph,

@@ -103,12 +103,19 @@ pub struct Weights {
     store: TensorStore,
     /// Bytes per buffer type, for logs and memory accounting.
     pub placement: Vec<(String, usize)>,
+    /// Per weight: whether it lives in one of the CPU's repacked layouts.
+    repacked: Vec<bool>,
 }
 
 impl Weights {
     /// The weight with id `id`.
     pub fn get(&self, id: WeightId) -> Tensor<'_> {
         self.store.get(id)
+    }
+
+    /// Whether weight `id` is stored in a repacked CPU layout.
+    pub fn is_repacked(&self, id: WeightId) -> bool {
+        self.repacked[id]
     }
 
     /// Loads `specs` from `file` for use on `device`, calling `progress(done, total)` in bytes.
@@ -247,6 +254,14 @@ impl Weights {
             store.keep_buffer(buf);
         }
         progress(total, total);
-        Ok(Weights { store, placement })
+        let repacked = choice
+            .iter()
+            .map(|c| c.is_some_and(|b| extra.contains(&b)))
+            .collect();
+        Ok(Weights {
+            store,
+            placement,
+            repacked,
+        })
     }
 }
