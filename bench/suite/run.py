@@ -68,12 +68,13 @@ def parse_args(argv=None):
     ap.add_argument("--np", type=int, default=None,
                     help="llama-server -np for agents (default: not passed = auto, 4 slots with unified KV)")
     # agents
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None, help="agents rounds (default 3 for ~1.5K, 2 for ~10K)")
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--per-agent", type=int, default=3, help="requests per agent per round")
     ap.add_argument("--max-tokens", type=int, default=16, help="agents: tokens generated per request")
     ap.add_argument("--budget-s", type=int, default=480,
-                    help="agents: start no new round after this many seconds per variant and engine")
+                    help="agents: start no new round after this many seconds per variant and engine; "
+                         "fill-memory: skip a level predicted to end after it")
     ap.add_argument("--variant-tokens", default=None, help="agents: comma list of system prompt sizes")
     # memory
     ap.add_argument("--contexts", default="8192,32768,65536,131072", help="startup-memory: declared contexts")
@@ -94,6 +95,23 @@ def parse_args(argv=None):
     a.prefix_sizes = [int(x) for x in a.prefix_sizes.split(",")]
     a.streams = [int(x) for x in a.streams.split(",")]
     return a
+
+
+def _cpu_snapshot():
+    """(machine busy CPU seconds from /proc/stat, CPU seconds of this process and its reaped children)."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)  # minus idle and iowait
+    t = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system + t.children_user + t.children_system
+
+
+def other_load(snap0, wall):
+    """CPU used by processes other than the harness and its engines during a run: the noise indicator."""
+    m1, o1 = _cpu_snapshot()
+    other = max(0.0, (m1 - snap0[0]) - (o1 - snap0[1]))
+    return {"other_cpu_s": round(other, 1), "wall_s": round(wall, 1),
+            "other_cores_avg": round(other / wall, 2) if wall > 0 else None}
 
 
 def fmt(v):
@@ -152,6 +170,13 @@ def write_markdown(result, summary, stem):
                  result["duration_s"], result["host"]["loadavg_start"][0], result["host"]["loadavg_end"][0]), ""]
     for k, why in result["skipped"].items():
         lines += ["**%s not measured**: %s" % (k, why), ""]
+    for r in result["runs"]:
+        ol = r.get("other_load")
+        if ol:
+            lines.append("- %s (%s): %.0f s; other processes on the machine used %.2f cores on average%s" % (
+                r["engine"], r["model"], ol["wall_s"], ol["other_cores_avg"] or 0,
+                " — **contended, numbers understate the engine**" if (ol["other_cores_avg"] or 0) > 0.3 else ""))
+    lines.append("")
     if result.get("model_note"):
         lines += ["Model: %s" % result["model_note"], ""]
     lines += md_table(summary["table"]) + [""]
@@ -216,6 +241,7 @@ def main(argv=None):
         for eng in engines:
             print("[%s] %s on %s" % (scen, eng.name, model), flush=True)
             t_run = time.perf_counter()
+            snap = _cpu_snapshot()
             if scen.startswith("agents"):
                 if a.variant_tokens:
                     targets = [int(x) for x in a.variant_tokens.split(",")]
@@ -234,7 +260,9 @@ def main(argv=None):
                     None)
             result["runs"].append({"engine": eng.name, "engine_key": eng.key, "model": model,
                                    "wall_s": round(time.perf_counter() - t_run, 1), "server_first": first,
-                                   "data": data})
+                                   "other_load": other_load(snap, time.perf_counter() - t_run), "data": data})
+            print("  other processes used %.2f cores on average during this run" % (
+                result["runs"][-1]["other_load"]["other_cores_avg"] or 0), flush=True)
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     result["duration_s"] = round(time.perf_counter() - t0, 1)
     result["host"]["loadavg_end"] = os.getloadavg()

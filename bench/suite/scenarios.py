@@ -69,14 +69,15 @@ def agents_ctx(target, n_agents, rounds, per_round, unified):
 def run_agents(engine, model_key, model_path, a, target):
     sys_text = prompts.system_prompt(target, prompts.cpt(model_key))
     n_agents, per_round = a.agents, a.per_agent
-    ctx = a.ctx or agents_ctx(target, n_agents, a.rounds, per_round, a.np is None)
+    rounds = a.rounds or (3 if target < 5000 else 2)
+    ctx = a.ctx or agents_ctx(target, n_agents, rounds, per_round, a.np is None)
     out = {"target_tokens": target, "system_chars": len(sys_text), "ctx": ctx, "np": a.np or "auto",
            "rounds": [], "truncated": False}
     t_start = time.perf_counter()
     with engine.server(model_path, ctx=ctx, parallel=a.np) as srv:
         out["server"] = _server_record(engine, srv)
         out["warmup"] = _slim(_warmup(srv))
-        for rnd in range(a.rounds):
+        for rnd in range(rounds):
             t_round = time.perf_counter()
 
             def agent_job(i, rnd=rnd):
@@ -101,7 +102,7 @@ def run_agents(engine, model_key, model_path, a, target):
             out["rounds"].append(rd)
             print("  round %d: %d/%d ok, TTFT p50 %s s p95 %s s (%.0f s)" % (
                 rnd + 1, rd["n_ok"], len(reqs), rd["ttft_p50_s"], rd["ttft_p95_s"], rd["wall_s"]), flush=True)
-            if a.budget_s and time.perf_counter() - t_start > a.budget_s and rnd + 1 < a.rounds:
+            if a.budget_s and time.perf_counter() - t_start > a.budget_s and rnd + 1 < rounds:
                 out["truncated"] = "stopped after round %d: over --budget-s %d" % (rnd + 1, a.budget_s)
                 break
         out["memory_end"] = srv.memory(model_path)
@@ -222,7 +223,18 @@ def run_fill_memory(engine, model_key, model_path, a):
         out["server"] = _server_record(engine, srv)
         time.sleep(a.settle_s)
         out["levels"].append({"target_tokens": 0, "memory": srv.memory(model_path)})
+        t_start = time.perf_counter()
+        rate, prev = None, 0
         for target in a.fill_levels:
+            if rate and a.budget_s:
+                # prefill slows down with depth: assume the next level runs at 2/3 of the last level's rate
+                predicted = (target - prev) / (rate * 2 / 3)
+                if time.perf_counter() - t_start + predicted > a.budget_s:
+                    out["skipped_levels"] = out.get("skipped_levels", []) + [target]
+                    out["truncated"] = ("level(s) %s skipped: predicted %.0f s would pass --budget-s %d" % (
+                        out["skipped_levels"], predicted, a.budget_s))
+                    print("  skip %d: predicted %.0f s over budget" % (target, predicted), flush=True)
+                    continue
             sys_text = prompts.system_prompt(target, prompts.cpt(model_key))
             t0 = time.perf_counter()
             res = chat(srv.base, [{"role": "system", "content": sys_text},
@@ -238,6 +250,9 @@ def run_fill_memory(engine, model_key, model_path, a):
                 flush=True)
             if not res.get("ok"):
                 break
+            new_tokens = (res.get("prompt_tokens") or target) - (_cached(_slim(res)) or 0)
+            rate = new_tokens / max(res.get("ttft_s") or wall, 1e-3)
+            prev = res.get("prompt_tokens") or target
     return out
 
 
@@ -258,6 +273,9 @@ def summarize_fill_memory(result):
                         "growth since start MB", "fill request s"], "rows": rows}
     notes = ["Each level is one request whose prompt extends the previous one (same prefix), so only the new "
              "part is prefilled; memory is read 'settle' seconds after the response."]
+    for run in result["runs"]:
+        if run["data"].get("truncated"):
+            notes.append("%s %s: %s" % (run["engine"], run["model"], run["data"]["truncated"]))
     return {"panels": panels, "table": table, "notes": notes}
 
 
