@@ -422,9 +422,6 @@ impl Drop for Buffer {
 pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,
     device: Device,
-    // CPU only: worker threads kept alive between graphs (otherwise ggml starts and
-    // joins threads on every compute call, which costs most on short decode steps).
-    threadpool: Option<NonNull<sys::ggml_threadpool>>,
 }
 
 // SAFETY: a backend is used by one thread at a time (the engine thread owns it).
@@ -436,11 +433,7 @@ impl Backend {
         // SAFETY: live device; null on failure.
         let p = unsafe { sys::ggml_backend_dev_init(device.raw(), std::ptr::null()) };
         NonNull::new(p)
-            .map(|ptr| Backend {
-                ptr,
-                device,
-                threadpool: None,
-            })
+            .map(|ptr| Backend { ptr, device })
             .ok_or_else(|| GgmlError::BackendInit(device.name()))
     }
 
@@ -449,23 +442,10 @@ impl Backend {
         self.device
     }
 
-    /// Sets the number of CPU threads (no-op on backends without threads). On the CPU
-    /// this also starts a persistent thread pool of that size.
-    pub fn set_threads(&mut self, n: usize) {
+    /// Sets the number of CPU threads (no-op on backends without threads). ggml is
+    /// built with OpenMP, whose workers persist between graphs.
+    pub fn set_threads(&self, n: usize) {
         let n = n.max(1) as c_int;
-        if self.device.kind() == DeviceKind::Cpu {
-            // SAFETY: default params for n threads; the pool outlives its use by this
-            // backend (freed in Drop after the backend).
-            unsafe {
-                let mut params = sys::ggml_threadpool_params_default(n);
-                if let Some(tp) = NonNull::new(sys::ggml_threadpool_new(&mut params)) {
-                    sys::ggml_backend_cpu_set_threadpool(self.ptr.as_ptr(), tp.as_ptr());
-                    if let Some(old) = self.threadpool.replace(tp) {
-                        sys::ggml_threadpool_free(old.as_ptr());
-                    }
-                }
-            }
-        }
         let f = self.device.proc_address("ggml_backend_set_n_threads");
         if f.is_null() {
             return;
@@ -479,13 +459,8 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
-        // SAFETY: we own the backend and its thread pool; the backend goes first.
-        unsafe {
-            sys::ggml_backend_free(self.ptr.as_ptr());
-            if let Some(tp) = self.threadpool.take() {
-                sys::ggml_threadpool_free(tp.as_ptr());
-            }
-        }
+        // SAFETY: we own the backend.
+        unsafe { sys::ggml_backend_free(self.ptr.as_ptr()) }
     }
 }
 

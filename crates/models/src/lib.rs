@@ -115,7 +115,7 @@ impl Executor {
         if device.kind() != DeviceKind::Cpu {
             backends.push(Backend::new(device)?);
         }
-        let mut cpu = Backend::new(Device::cpu())?;
+        let cpu = Backend::new(Device::cpu())?;
         cpu.set_threads(threads);
         backends.push(cpu);
         let mut sched = Scheduler::new(backends, MAX_NODES)?;
