@@ -87,6 +87,36 @@ impl SpecList {
     pub fn specs(&self) -> &[WeightSpec] {
         &self.specs
     }
+
+    /// Declares the token embedding, final norm and output projection most
+    /// architectures share; the output reuses the embedding when the file ties them.
+    pub fn add_embeddings(&mut self, file: &GgufFile, n_embd: usize, n_vocab: usize) -> Embeddings {
+        let (e, v) = (n_embd, n_vocab);
+        Embeddings {
+            tok_embd: self.add("token_embd.weight", &[e, v], WeightUse::Rows),
+            output_norm: self.add("output_norm.weight", &[e], WeightUse::Elementwise),
+            output: match file.tensor("output.weight") {
+                Some(_) => self.add("output.weight", &[e, v], WeightUse::MatMul),
+                None => self.add_from(
+                    "output.weight",
+                    "token_embd.weight",
+                    &[e, v],
+                    WeightUse::MatMul,
+                ),
+            },
+        }
+    }
+}
+
+/// Ids of the input embedding, final norm and output projection.
+#[derive(Debug, Clone, Copy)]
+pub struct Embeddings {
+    /// Token embedding matrix (looked up by row).
+    pub tok_embd: WeightId,
+    /// Final RMS-norm scale.
+    pub output_norm: WeightId,
+    /// Output projection to logits.
+    pub output: WeightId,
 }
 
 /// The model file's mapping, shared with ggml buffers that point into it.

@@ -6,7 +6,7 @@ use tempo9_ggml::Tensor;
 use tempo9_gguf::GgufFile;
 
 use crate::layers::Builder;
-use crate::weights::{SpecList, WeightId, WeightUse::*};
+use crate::weights::{Embeddings, SpecList, WeightId, WeightUse::*};
 use crate::HParams;
 
 struct Layer {
@@ -27,9 +27,7 @@ struct Layer {
 
 /// Weights and graph of Gemma 3.
 pub(crate) struct Gemma3 {
-    tok_embd: WeightId,
-    output_norm: WeightId,
-    output: WeightId,
+    emb: Embeddings,
     layers: Vec<Layer>,
 }
 
@@ -37,13 +35,7 @@ impl Gemma3 {
     /// Declares the weights.
     pub fn declare(hp: &HParams, file: &GgufFile, specs: &mut SpecList) -> Gemma3 {
         let (e, v, hd) = (hp.n_embd, hp.n_vocab, hp.head_dim);
-        let tok_embd = specs.add("token_embd.weight", &[e, v], Rows);
-        let output_norm = specs.add("output_norm.weight", &[e], Elementwise);
-        let output = if file.tensor("output.weight").is_some() {
-            specs.add("output.weight", &[e, v], MatMul)
-        } else {
-            specs.add_from("output.weight", "token_embd.weight", &[e, v], MatMul)
-        };
+        let emb = specs.add_embeddings(file, e, v);
         let layers = (0..hp.n_layer)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}");
@@ -68,18 +60,13 @@ impl Gemma3 {
                 }
             })
             .collect();
-        Gemma3 {
-            tok_embd,
-            output_norm,
-            output,
-            layers,
-        }
+        Gemma3 { emb, layers }
     }
 
     /// Builds the step graph; returns logits `[n_vocab, n_outputs]`.
     pub fn build<'a>(&self, b: &mut Builder<'a>) -> Tensor<'a> {
         let hp = b.hp;
-        let mut x = b.embed(self.tok_embd, Some((hp.n_embd as f32).sqrt()));
+        let mut x = b.embed(self.emb.tok_embd, Some((hp.n_embd as f32).sqrt()));
         for (il, l) in self.layers.iter().enumerate() {
             let h = b.rms_norm(x, l.attn_norm);
             let q = b.heads(b.linear(l.wq, h, None), hp.n_head, hp.head_dim);
@@ -100,7 +87,7 @@ impl Gemma3 {
             let f = b.gated_ffn(b.rms_norm(h, l.ffn_norm), l.gate, l.up, l.down, true);
             x = b.ctx.add(b.rms_norm(f, l.post_ffn_norm), h);
         }
-        let x = b.rms_norm(x, self.output_norm);
-        b.linear(self.output, x, None)
+        let x = b.rms_norm(x, self.emb.output_norm);
+        b.linear(self.emb.output, x, None)
     }
 }

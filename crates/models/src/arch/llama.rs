@@ -5,7 +5,7 @@ use tempo9_ggml::Tensor;
 use tempo9_gguf::GgufFile;
 
 use crate::layers::Builder;
-use crate::weights::{SpecList, WeightId, WeightUse::*};
+use crate::weights::{Embeddings, SpecList, WeightId, WeightUse::*};
 use crate::HParams;
 
 struct Layer {
@@ -23,9 +23,7 @@ struct Layer {
 
 /// Weights and graph of the Llama family.
 pub(crate) struct Llama {
-    tok_embd: WeightId,
-    output_norm: WeightId,
-    output: WeightId,
+    emb: Embeddings,
     layers: Vec<Layer>,
 }
 
@@ -34,13 +32,7 @@ impl Llama {
     pub fn declare(hp: &HParams, file: &GgufFile, specs: &mut SpecList, qkv_bias: bool) -> Llama {
         let (e, v) = (hp.n_embd, hp.n_vocab);
         let (q_dim, k_dim, v_dim) = (hp.n_head * hp.head_dim, hp.n_embd_k(), hp.n_embd_v());
-        let tok_embd = specs.add("token_embd.weight", &[e, v], Rows);
-        let output_norm = specs.add("output_norm.weight", &[e], Elementwise);
-        let output = if file.tensor("output.weight").is_some() {
-            specs.add("output.weight", &[e, v], MatMul)
-        } else {
-            specs.add_from("output.weight", "token_embd.weight", &[e, v], MatMul)
-        };
+        let emb = specs.add_embeddings(file, e, v);
         let layers = (0..hp.n_layer)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}");
@@ -68,18 +60,13 @@ impl Llama {
                 }
             })
             .collect();
-        Llama {
-            tok_embd,
-            output_norm,
-            output,
-            layers,
-        }
+        Llama { emb, layers }
     }
 
     /// Builds the step graph; returns logits `[n_vocab, n_outputs]`.
     pub fn build<'a>(&self, b: &mut Builder<'a>) -> Tensor<'a> {
         let hp = b.hp;
-        let mut x = b.embed(self.tok_embd, None);
+        let mut x = b.embed(self.emb.tok_embd, None);
         for (il, l) in self.layers.iter().enumerate() {
             let h = b.rms_norm(x, l.attn_norm);
             let q = b.linear(l.wq, h, l.bias.map(|b| b[0]));
@@ -99,7 +86,7 @@ impl Llama {
             let f = b.gated_ffn(b.rms_norm(h, l.ffn_norm), l.gate, l.up, l.down, false);
             x = b.ctx.add(f, h);
         }
-        let x = b.rms_norm(x, self.output_norm);
-        b.linear(self.output, x, None)
+        let x = b.rms_norm(x, self.emb.output_norm);
+        b.linear(self.emb.output, x, None)
     }
 }
