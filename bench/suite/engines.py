@@ -14,6 +14,7 @@ Tempo9: `tempo9 [serve] --gguf GGUF --host 127.0.0.1 --port P [--ctx C]`
 its --help (and `serve --help`) lists no --port: no HTTP server yet.
 """
 
+import atexit
 import importlib.util
 import json
 import os
@@ -104,6 +105,18 @@ def read_memory(pid, model_path):
 # ------------------------------------------------------------------ process
 
 
+_LIVE = set()
+
+
+def stop_all():
+    """Stop every engine this process started (atexit / signal handler safety net)."""
+    for srv in list(_LIVE):
+        srv.stop()
+
+
+atexit.register(stop_all)
+
+
 class ServerProcess:
     """A started engine: .base (URL), .pid, .cmd, .log (path)."""
 
@@ -125,6 +138,7 @@ class ServerProcess:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env)
         self.pid = self.proc.pid
+        _LIVE.add(self)
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError("%s exited during start-up (rc=%s); log %s:\n%s" % (
@@ -145,6 +159,7 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self):
+        _LIVE.discard(self)
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import sys
 import time
 
@@ -36,17 +37,21 @@ SCENARIOS = ["agents", "agents-1.5k", "agents-10k", "startup-memory", "fill-memo
 
 # default model(s) per scenario, chosen so that one invocation stays well under 10 minutes on 2 cores
 DEFAULT_MODEL = {
-    "agents": "qwen", "agents-1.5k": "qwen", "agents-10k": "qwen",
+    "agents": "qwen", "agents-1.5k": "smollm2", "agents-10k": "qwen",
     "startup-memory": "smollm2,qwen",
     "fill-memory": "qwen",       # 16K/32K levels need qwen's 32K trained context (smollm2: 8K)
     "prefix-hit": "qwen",        # 15K prefix needs > 8K context
-    "decode": "qwen",
-    "throughput": "qwen",
+    "decode": "smollm2",
+    "throughput": "smollm2",
 }
 WHY_MODEL = {
+    "agents": "the ~10K-token variant does not fit SmolLM2's 8K trained context (llama-server caps slots to it)",
     "agents-10k": "a ~10K-token prompt does not fit SmolLM2's 8K trained context (llama-server caps slots to it)",
     "fill-memory": "16K/32K tokens in context need Qwen2.5-Coder's 32K trained context",
     "prefix-hit": "a 15K-token prefix needs Qwen2.5-Coder's 32K trained context",
+    "agents-1.5k": "SmolLM2-135M, 4x cheaper than Qwen2.5-Coder-0.5B, keeps the run within the time bound on 2 cores",
+    "decode": "SmolLM2-135M keeps 256-token repetitions short on 2 cores (Qwen2.5-Coder: --model qwen)",
+    "throughput": "SmolLM2-135M keeps 16 concurrent streams within the time bound on 2 cores",
 }
 
 
@@ -63,7 +68,10 @@ def parse_args(argv=None):
                     help="do not pass -lv 4 to llama-server (then its log omits prompt-cache/--fit decisions)")
     ap.add_argument("--allow-amx", action="store_true", help="do not preload bench/foundation/no_amx.c")
     ap.add_argument("--out-dir", default=os.path.join(REPO, "bench", "results"))
+    ap.add_argument("--note", default="", help="free-text note stored in the result and its summary")
     ap.add_argument("--tag", default="", help="suffix for the result file names (<date>-<scenario><tag>)")
+    ap.add_argument("--timeout-s", type=int, default=590,
+                    help="stop the whole invocation (engines included) after this many seconds")
     ap.add_argument("--ctx", type=int, default=None, help="override the scenario's -c / --ctx")
     ap.add_argument("--np", type=int, default=None,
                     help="llama-server -np for agents (default: not passed = auto, 4 slots with unified KV)")
@@ -112,6 +120,23 @@ def other_load(snap0, wall):
     other = max(0.0, (m1 - snap0[0]) - (o1 - snap0[1]))
     return {"other_cpu_s": round(other, 1), "wall_s": round(wall, 1),
             "other_cores_avg": round(other / wall, 2) if wall > 0 else None}
+
+
+def _first_server(data):
+    if data.get("variants"):
+        return data["variants"][0].get("server")
+    return data.get("server") or next(
+        (x.get("server") for key in ("levels", "sizes") for x in data.get(key, []) if x.get("server")), None)
+
+
+def _close_run(run):
+    t_run, snap = run.pop("_t"), run.pop("_snap")
+    wall = time.perf_counter() - t_run
+    run["wall_s"] = round(wall, 1)
+    run["server_first"] = _first_server(run["data"])
+    run["other_load"] = other_load(snap, wall)
+    print("  other processes used %.2f cores on average during this run" % (
+        run["other_load"]["other_cores_avg"] or 0), flush=True)
 
 
 def fmt(v):
@@ -179,6 +204,10 @@ def write_markdown(result, summary, stem):
     lines.append("")
     if result.get("model_note"):
         lines += ["Model: %s" % result["model_note"], ""]
+    if result.get("note"):
+        lines += ["Note: %s" % result["note"], ""]
+    if result.get("interrupted"):
+        lines += ["**Interrupted** (%s): the data below is partial." % result["interrupted"], ""]
     lines += md_table(summary["table"]) + [""]
     for n in summary["notes"]:
         lines.append("- " + n)
@@ -218,6 +247,15 @@ def main(argv=None):
         return rerender(argv[1:])
     a = parse_args(argv)
     scen = a.scenario
+
+    def _stop(signum, frame):
+        raise SystemExit("stopped by signal %d%s" % (signum, " (--timeout-s %d)" % a.timeout_s
+                                                      if signum == signal.SIGALRM else ""))
+
+    for sig in (signal.SIGTERM, signal.SIGALRM):
+        signal.signal(sig, _stop)  # SystemExit unwinds the `with` blocks, which stop the engines
+    if a.timeout_s:
+        signal.alarm(a.timeout_s)
     models = (a.model or DEFAULT_MODEL[scen]).split(",")
     engines, skipped = make_engines(a.engines.split(","), a)
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -234,39 +272,51 @@ def main(argv=None):
         "skipped": skipped,
         "runs": [],
     }
+    if a.note:
+        result["note"] = a.note
     if scen in WHY_MODEL and not a.model:
         result["model_note"] = "%s by default: %s." % (models[0], WHY_MODEL[scen])
-    for model in models:
-        path = os.path.join(a.models_dir, MODELS[model])
-        for eng in engines:
-            print("[%s] %s on %s" % (scen, eng.name, model), flush=True)
-            t_run = time.perf_counter()
-            snap = _cpu_snapshot()
-            if scen.startswith("agents"):
-                if a.variant_tokens:
-                    targets = [int(x) for x in a.variant_tokens.split(",")]
+    run = None
+    try:
+        for model in models:
+            path = os.path.join(a.models_dir, MODELS[model])
+            for eng in engines:
+                print("[%s] %s on %s" % (scen, eng.name, model), flush=True)
+                t_run = time.perf_counter()
+                snap = _cpu_snapshot()
+                data = {}
+                run = {"engine": eng.name, "engine_key": eng.key, "model": model, "data": data,
+                       "_t": t_run, "_snap": snap}
+                result["runs"].append(run)
+                if scen.startswith("agents"):
+                    if a.variant_tokens:
+                        targets = [int(x) for x in a.variant_tokens.split(",")]
+                    else:
+                        targets = {"agents": [1500, 10000], "agents-1.5k": [1500], "agents-10k": [10000]}[scen]
+                    data["variants"] = []
+                    for t in targets:
+                        print(" variant ~%d-token system prompt" % t, flush=True)
+                        v = {}
+                        data["variants"].append(v)
+                        sc.run_agents(eng, model, path, a, t, out=v)
                 else:
-                    targets = {"agents": [1500, 10000], "agents-1.5k": [1500], "agents-10k": [10000]}[scen]
-                data = {"variants": []}
-                for t in targets:
-                    print(" variant ~%d-token system prompt" % t, flush=True)
-                    data["variants"].append(sc.run_agents(eng, model, path, a, t))
-                first = data["variants"][0]["server"]
-            else:
-                fn = getattr(sc, "run_" + scen.replace("-", "_"))
-                data = fn(eng, model, path, a)
-                first = data.get("server") or next(
-                    (x.get("server") for key in ("levels", "sizes") for x in data.get(key, []) if x.get("server")),
-                    None)
-            result["runs"].append({"engine": eng.name, "engine_key": eng.key, "model": model,
-                                   "wall_s": round(time.perf_counter() - t_run, 1), "server_first": first,
-                                   "other_load": other_load(snap, time.perf_counter() - t_run), "data": data})
-            print("  other processes used %.2f cores on average during this run" % (
-                result["runs"][-1]["other_load"]["other_cores_avg"] or 0), flush=True)
+                    getattr(sc, "run_" + scen.replace("-", "_"))(eng, model, path, a, out=data)
+                _close_run(run)
+                run = None
+    except (SystemExit, KeyboardInterrupt) as e:
+        result["interrupted"] = str(e) or type(e).__name__
+        print("interrupted: %s; writing partial results" % result["interrupted"], file=sys.stderr)
+        if run is not None:
+            _close_run(run)
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     result["duration_s"] = round(time.perf_counter() - t0, 1)
     result["host"]["loadavg_end"] = os.getloadavg()
-    summary = result["summary"] = summarize(result)
+    signal.alarm(0)
+    try:
+        summary = summarize(result)
+    except Exception as e:  # noqa: BLE001 (partial data after an interruption)
+        summary = {"panels": [], "table": {"header": [], "rows": []}, "notes": ["summary failed: %s" % e]}
+    result["summary"] = summary
 
     os.makedirs(a.out_dir, exist_ok=True)
     stem = os.path.join(a.out_dir, "%s-%s%s" % (started.strftime("%Y-%m-%d"), scen, a.tag))

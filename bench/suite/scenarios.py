@@ -16,6 +16,14 @@ from client import chat, percentile, run_concurrent
 MB = 1e6
 
 
+def _into(out, init):
+    """Fill the caller's dict (kept in the result even if the run is interrupted)."""
+    if out is None:
+        out = {}
+    out.update(init)
+    return out
+
+
 def _warmup(srv):
     """One tiny request so first-use costs (thread pools, graph allocation) do not land in a measurement."""
     return chat(srv.base, [{"role": "user", "content": "Say hi."}], max_tokens=2)
@@ -66,13 +74,13 @@ def agents_ctx(target, n_agents, rounds, per_round, unified):
     return ((need + 4095) // 4096) * 4096
 
 
-def run_agents(engine, model_key, model_path, a, target):
+def run_agents(engine, model_key, model_path, a, target, out=None):
     sys_text = prompts.system_prompt(target, prompts.cpt(model_key))
     n_agents, per_round = a.agents, a.per_agent
     rounds = a.rounds or (3 if target < 5000 else 2)
     ctx = a.ctx or agents_ctx(target, n_agents, rounds, per_round, a.np is None)
-    out = {"target_tokens": target, "system_chars": len(sys_text), "ctx": ctx, "np": a.np or "auto",
-           "rounds": [], "truncated": False}
+    out = _into(out, {"target_tokens": target, "system_chars": len(sys_text), "ctx": ctx, "np": a.np or "auto",
+                      "rounds": [], "truncated": False})
     t_start = time.perf_counter()
     with engine.server(model_path, ctx=ctx, parallel=a.np) as srv:
         out["server"] = _server_record(engine, srv)
@@ -150,8 +158,8 @@ def summarize_agents(result):
 # ============================================================= startup-memory
 
 
-def run_startup_memory(engine, model_key, model_path, a):
-    out = {"levels": []}
+def run_startup_memory(engine, model_key, model_path, a, out=None):
+    out = _into(out, {"levels": []})
     for ctx in a.contexts:
         lv = {"ctx": ctx}
         try:
@@ -217,8 +225,8 @@ def summarize_startup_memory(result):
 # ================================================================ fill-memory
 
 
-def run_fill_memory(engine, model_key, model_path, a):
-    out = {"ctx": a.fill_ctx, "levels": []}
+def run_fill_memory(engine, model_key, model_path, a, out=None):
+    out = _into(out, {"ctx": a.fill_ctx, "levels": []})
     with engine.server(model_path, ctx=a.fill_ctx, parallel=1) as srv:
         out["server"] = _server_record(engine, srv)
         time.sleep(a.settle_s)
@@ -282,12 +290,13 @@ def summarize_fill_memory(result):
 # ================================================================= prefix-hit
 
 
-def run_prefix_hit(engine, model_key, model_path, a):
-    out = {"sizes": []}
+def run_prefix_hit(engine, model_key, model_path, a, out=None):
+    out = _into(out, {"sizes": []})
     for size in a.prefix_sizes:
         sys_text = prompts.system_prompt(size, prompts.cpt(model_key))
         ctx = ((size + 2048 + 1023) // 1024) * 1024 if not a.ctx else a.ctx
         sz = {"target_tokens": size, "ctx": ctx, "requests": []}
+        out["sizes"].append(sz)
         with engine.server(model_path, ctx=ctx, parallel=1) as srv:
             sz["server"] = _server_record(engine, srv)
             sz["warmup"] = _slim(_warmup(srv))
@@ -300,7 +309,6 @@ def run_prefix_hit(engine, model_key, model_path, a):
                 sz["requests"].append(rec)
                 print("  prefix %5d %s: TTFT %s s, prompt %s, cached %s" % (
                     size, rec["kind"], rec["ttft_s"], rec["prompt_tokens"], _cached(rec)), flush=True)
-        out["sizes"].append(sz)
     return out
 
 
@@ -343,10 +351,10 @@ def summarize_prefix_hit(result):
 # ===================================================================== decode
 
 
-def run_decode(engine, model_key, model_path, a):
+def run_decode(engine, model_key, model_path, a, out=None):
     sys_text = prompts.system_prompt(0)
     msgs = [{"role": "system", "content": sys_text}, {"role": "user", "content": prompts.DECODE_USER}]
-    out = {"max_tokens": a.decode_tokens, "reps": []}
+    out = _into(out, {"max_tokens": a.decode_tokens, "reps": []})
     with engine.server(model_path, ctx=a.ctx or 4096, parallel=1) as srv:
         out["server"] = _server_record(engine, srv)
         out["warmup"] = _slim(_warmup(srv))
@@ -390,10 +398,10 @@ def summarize_decode(result):
 # ================================================================= throughput
 
 
-def run_throughput(engine, model_key, model_path, a):
+def run_throughput(engine, model_key, model_path, a, out=None):
     npar = max(a.streams)
     ctx = a.ctx or npar * 1024
-    out = {"max_tokens": a.tp_tokens, "ctx": ctx, "np": npar, "levels": []}
+    out = _into(out, {"max_tokens": a.tp_tokens, "ctx": ctx, "np": npar, "levels": []})
     with engine.server(model_path, ctx=ctx, parallel=npar) as srv:
         out["server"] = _server_record(engine, srv)
         out["warmup"] = _slim(_warmup(srv))
