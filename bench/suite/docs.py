@@ -47,12 +47,14 @@ def latest(scenario):
 
 def main():
     out = [INTRO]
+    done = set()
     for scen in SCENARIOS:
         path = latest(scen)
         if not path:
             continue
         with open(path) as f:
             res = json.load(f)
+        done.add(scen)
         stem = os.path.splitext(os.path.relpath(path, os.path.dirname(DOC)))[0]
         s = res.get("summary") or {}
         out += ["## %s" % scen, "",
@@ -61,6 +63,13 @@ def main():
                     os.path.basename(stem), stem, os.path.basename(stem), stem), ""]
         if res.get("model_note"):
             out += ["Model: " + res["model_note"], ""]
+        if res.get("note"):
+            out += ["Note: " + res["note"], ""]
+        for r in res.get("runs", []):
+            ol = r.get("other_load")
+            if ol and (ol.get("other_cores_avg") or 0) > 0.3:
+                out += ["*%s run contended: other processes used %.2f cores on average.*" % (
+                    r["engine"], ol["other_cores_avg"]), ""]
         for k, why in (res.get("skipped") or {}).items():
             out += ["*%s not measured: %s*" % (k, why), ""]
         if s.get("table", {}).get("rows"):
@@ -74,6 +83,13 @@ def main():
             out += ["", "<details><summary>llama.cpp defaults in force</summary>", "", "```"] + dl + ["```", "",
                                                                                                    "</details>"]
         out.append("")
+    missing = [x for x in SCENARIOS if x != "agents" and not latest(x)]
+    if "agents" in done:
+        missing = [x for x in missing if not x.startswith("agents-")]
+    if missing:
+        out += ["## Not run yet", "",
+                "No committed result for: %s. Run them with `python3 bench/suite/run.py SCENARIO`." % ", ".join(
+                    "`%s`" % x for x in missing), ""]
     os.makedirs(os.path.dirname(DOC), exist_ok=True)
     with open(DOC, "w") as f:
         f.write("\n".join(out))

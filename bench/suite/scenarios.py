@@ -60,6 +60,11 @@ def _r(x, n=3):
     return None if x is None else round(x, n)
 
 
+def _k(n):
+    """7500 -> '7.5K', 4000 -> '4K'."""
+    return "%gK" % round(n / 1000.0, 1)
+
+
 def _mb(x):
     return None if x is None else round(x / MB, 1)
 
@@ -266,7 +271,7 @@ def run_fill_memory(engine, model_key, model_path, a, out=None):
 
 def summarize_fill_memory(result):
     def tag(t):
-        return "start" if t == 0 else "%dK" % round(t / 1000)
+        return "start" if t == 0 else _k(t)
     panels = _mem_panels(result, "target_tokens", tag, "fill")
     rows = []
     for run in result["runs"]:
@@ -337,7 +342,7 @@ def summarize_prefix_hit(result):
                              _r(w_pms / 1000, 3) if w_pms is not None else None,
                              ", ".join(str(_cached(r)) for r in warm),
                              _r(c["ttft_s"] / wmed, 1) if (c.get("ttft_s") and wmed) else None])
-        panels.append({"title": "prefix-hit, ~%dK-token shared prefix: TTFT cold vs warm" % round(size / 1000),
+        panels.append({"title": "prefix-hit, ~%s-token shared prefix: TTFT cold vs warm" % _k(size),
                        "unit": "s", "better": "lower", "rows": prow, "log": True})
     table = {"header": ["model", "engine", "prompt tokens", "cold TTFT s", "cold server prefill s",
                         "warm TTFT s (median)", "warm server prefill s", "cached tokens (warm)", "cold/warm"],
