@@ -37,14 +37,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "scripts", "fixtures"))
 
-from llama_server import LlamaServer, build_info, llama_bin  # noqa: E402
+from llama_server import LlamaServer, build_info, llama_bin, no_amx_shim  # noqa: E402
 
 MODELS = {
     "smollm2": "smollm2-135m-instruct-q4_1.gguf",
@@ -62,18 +61,6 @@ def run_cmd(cmd, timeout=1800, env=None):
 
 
 # ---------------------------------------------------------------- llama.cpp
-
-
-def build_no_amx_shim():
-    """Compile bench/foundation/no_amx.c (LD_PRELOAD shim that makes ggml's AMX
-    permission request fail, so ggml-cpu skips its AMX buffer type). On these VMs
-    the CPU advertises AMX but ggml_backend_amx_mul_mat faults (SIGSEGV/SIGILL at
-    ldtilecfg), so llama.cpp with default settings crashes; the shim keeps every
-    other default (weight repacking included)."""
-    out = os.path.join(tempfile.gettempdir(), "tempo9-no-amx-%d.so" % os.getuid())
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", out, os.path.join(HERE, "no_amx.c"), "-ldl"],
-                   check=True)
-    return out
 
 
 def llama_env(a):
@@ -161,7 +148,7 @@ def main():
                     help="do not preload the no-AMX shim (llama.cpp crashes on these VMs with AMX)")
     ap.add_argument("--out-dir", default=os.path.join(REPO, "bench", "results"))
     a = ap.parse_args()
-    a.no_amx_shim = None if a.allow_amx else build_no_amx_shim()
+    a.no_amx_shim = None if a.allow_amx else no_amx_shim()
 
     use_bench = llama_bin("llama-bench") is not None and not a.force_server
     llama_rep = llama_bench_rep if use_bench else llama_server_rep

@@ -6,8 +6,8 @@ harness talks to them only through HTTP (see client.py).
 
 llama.cpp: `llama-server -m GGUF --host 127.0.0.1 --port P [-np N] [-c C]`,
 everything else at its defaults; the process gets LD_PRELOAD of
-bench/foundation/no_amx.c (compiled by bench/foundation/run.py's
-build_no_amx_shim), because ggml's AMX path crashes inside these VMs.
+bench/foundation/no_amx.c (compiled by scripts/fixtures/llama_server.py's
+no_amx_shim), because ggml's AMX path crashes inside these VMs.
 
 Tempo9: `tempo9 [serve] --gguf GGUF --host 127.0.0.1 --port P [--ctx C]`
 (issue 5's contract). Skipped, with a message, when the binary is missing or
@@ -15,7 +15,6 @@ its --help (and `serve --help`) lists no --port: no HTTP server yet.
 """
 
 import atexit
-import importlib.util
 import json
 import os
 import re
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "scripts", "fixtures"))
 
-from llama_server import build_info, free_port, llama_bin  # noqa: E402
+from llama_server import build_info, free_port, llama_bin, no_amx_shim  # noqa: E402
 
 MODELS = {
     "smollm2": "smollm2-135m-instruct-q4_1.gguf",
@@ -46,21 +45,6 @@ MODEL_INFO = {
 
 class EngineUnavailable(Exception):
     """The engine cannot be measured on this checkout (reason in the message)."""
-
-
-_SHIM = None
-
-
-def no_amx_shim():
-    """Compile (once per process) and return the path of bench/foundation's no-AMX shim."""
-    global _SHIM
-    if _SHIM is None:
-        spec = importlib.util.spec_from_file_location("foundation_run",
-                                                      os.path.join(REPO, "bench", "foundation", "run.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _SHIM = mod.build_no_amx_shim()
-    return _SHIM
 
 
 def _get(url, timeout=5):
