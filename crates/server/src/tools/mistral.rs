@@ -1,0 +1,189 @@
+//! Mistral tool calls: `[TOOL_CALLS]` followed by either a JSON array of
+//! `{"name", "arguments"}` objects (v3 tokenizers) or, in newer templates,
+//! `name[ARGS]{json}` (optionally `name[CALL_ID]id[ARGS]{json}`), repeated.
+
+use serde_json::Value;
+
+use super::{
+    arguments_text, call_from_json, json_end, push_text, safe_len, Piece, ToolCall, ToolParser,
+};
+
+const TOOL_CALLS: &str = "[TOOL_CALLS]";
+const ARGS: &str = "[ARGS]";
+const CALL_ID: &str = "[CALL_ID]";
+
+enum State {
+    Text,
+    /// After `[TOOL_CALLS]`: the calls so far.
+    Calls,
+}
+
+/// Streaming parser for Mistral tool calls.
+pub struct MistralParser {
+    state: State,
+    buf: String,
+}
+
+impl MistralParser {
+    /// A parser for one response.
+    pub fn new() -> Self {
+        MistralParser {
+            state: State::Text,
+            buf: String::new(),
+        }
+    }
+
+    /// Tries to take one call group off the front of `buf` (after `[TOOL_CALLS]`).
+    /// `Ok(None)`: need more text; `Err(())`: not a call.
+    fn take_calls(&mut self, at_end: bool) -> Result<Option<Vec<ToolCall>>, ()> {
+        let t = self.buf.trim_start();
+        let skipped = self.buf.len() - t.len();
+        if t.is_empty() {
+            return if at_end { Err(()) } else { Ok(None) };
+        }
+        if t.starts_with('[') || t.starts_with('{') {
+            let Some(end) = json_end(t) else {
+                return if at_end { Err(()) } else { Ok(None) };
+            };
+            let v: Value = serde_json::from_str(&t[..end]).map_err(|_| ())?;
+            let items = match v {
+                Value::Array(a) => a,
+                o => vec![o],
+            };
+            let calls: Option<Vec<ToolCall>> = items.iter().map(call_from_json).collect();
+            let calls = calls.filter(|c| !c.is_empty()).ok_or(())?;
+            self.buf.drain(..skipped + end);
+            return Ok(Some(calls));
+        }
+        // name[ARGS]{…} or name[CALL_ID]id[ARGS]{…}
+        let Some(a) = t.find(ARGS) else {
+            let name_part = t.split(CALL_ID).next().unwrap_or(t);
+            let plausible = !name_part.contains(char::is_whitespace) && name_part.len() < 256;
+            return if at_end || !plausible {
+                Err(())
+            } else {
+                Ok(None)
+            };
+        };
+        let head = &t[..a];
+        let name = head.split(CALL_ID).next().unwrap_or(head).trim();
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return Err(());
+        }
+        let rest = &t[a + ARGS.len()..];
+        let Some(end) = json_end(rest) else {
+            return if at_end { Err(()) } else { Ok(None) };
+        };
+        let args: Value = serde_json::from_str(&rest[..end]).map_err(|_| ())?;
+        let call = ToolCall {
+            name: name.to_string(),
+            arguments: arguments_text(args).ok_or(())?,
+        };
+        let consumed = skipped + a + ARGS.len() + end;
+        self.buf.drain(..consumed);
+        Ok(Some(vec![call]))
+    }
+}
+
+impl Default for MistralParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ToolParser for MistralParser {
+    fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
+        self.buf.push_str(text);
+        loop {
+            match self.state {
+                State::Text => match self.buf.find(TOOL_CALLS) {
+                    Some(p) => {
+                        let before: String = self.buf.drain(..p).collect();
+                        push_text(out, before.trim_end());
+                        self.buf.drain(..TOOL_CALLS.len());
+                        self.state = State::Calls;
+                    }
+                    None => {
+                        let n = safe_len(&self.buf, &[TOOL_CALLS]);
+                        let t: String = self.buf.drain(..n).collect();
+                        push_text(out, &t);
+                        return;
+                    }
+                },
+                State::Calls => match self.take_calls(false) {
+                    Ok(Some(calls)) => {
+                        out.extend(calls.into_iter().map(Piece::Call));
+                        // Newer templates repeat `[TOOL_CALLS]` before each call;
+                        // the text state finds it again.
+                        self.buf = self.buf.trim_start().to_string();
+                        self.state = State::Text;
+                    }
+                    Ok(None) => return,
+                    Err(()) => {
+                        let t = format!("{TOOL_CALLS}{}", std::mem::take(&mut self.buf));
+                        push_text(out, &t);
+                        self.state = State::Text;
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Piece>) {
+        match self.state {
+            State::Text => push_text(out, &std::mem::take(&mut self.buf)),
+            State::Calls => match self.take_calls(true) {
+                Ok(Some(calls)) => {
+                    out.extend(calls.into_iter().map(Piece::Call));
+                    push_text(out, self.buf.trim());
+                }
+                _ => {
+                    let t = format!("{TOOL_CALLS}{}", std::mem::take(&mut self.buf));
+                    push_text(out, &t);
+                }
+            },
+        }
+        self.buf.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{call, parse_all_splits, text};
+    use super::*;
+
+    fn run(t: &str) -> Vec<Piece> {
+        parse_all_splits(&|| Box::new(MistralParser::new()), t)
+    }
+
+    #[test]
+    fn json_array_calls() {
+        assert_eq!(
+            run("[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", \"arguments\": {}, \"id\": \"abc123xyz\"}]"),
+            vec![call("a", r#"{"x":1}"#), call("b", "{}")]
+        );
+    }
+
+    #[test]
+    fn args_form_calls() {
+        assert_eq!(
+            run("Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]other[CALL_ID]k1[ARGS]{}"),
+            vec![
+                text("Checking."),
+                call("get_weather", r#"{"city":"Paris"}"#),
+                call("other", "{}")
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_is_text() {
+        let t = "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": ";
+        assert_eq!(run(t), vec![text(t)]);
+        let t = "[TOOL_CALLS] this is not a call";
+        assert_eq!(run(t), vec![text(t)]);
+        let t = "a [TOOL_CALL b";
+        assert_eq!(run(t), vec![text(t)]);
+    }
+}

@@ -1,0 +1,396 @@
+//! Qwen tool calls: Hermes-style JSON (`<tool_call>{json}</tool_call>`, Qwen2.5 and
+//! Qwen3) and the XML form of Qwen3-Coder / Qwen3.5
+//! (`<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`).
+//! One parser handles both bodies, since fine-tunes mix them. Small models also
+//! answer with a bare `{"name":…,"arguments":…}` object and no tags; at the very
+//! start of the output that is taken as a call too.
+
+use serde_json::{Map, Value};
+
+use super::{call_from_json, json_end, push_text, safe_len, Piece, ToolCall, ToolParser};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const FUNC_OPEN: &str = "<function=";
+const FUNC_CLOSE: &str = "</function>";
+
+enum State {
+    /// Nothing but whitespace seen yet (a bare JSON call may follow).
+    Start,
+    /// Plain text.
+    Text,
+    /// Inside `<tool_call>` (or a bare `<function=`): the body so far.
+    Call,
+    /// A bare JSON object at the start of the output.
+    BareJson,
+    /// Just after a call: a stray `</tool_call>` (after a bare `<function=`) is dropped.
+    AfterCall,
+}
+
+/// Streaming parser for Qwen's tool-call markup.
+pub struct QwenParser {
+    state: State,
+    buf: String,
+    /// Whitespace held back after text: dropped if a call follows.
+    pending_ws: String,
+    /// The call began with `<function=` (no `<tool_call>` wrapper).
+    bare_function: bool,
+    /// Calls emitted so far.
+    calls: usize,
+    /// Parameter types from the tool schemas: (function, parameter) → JSON type.
+    schemas: Vec<(String, Map<String, Value>)>,
+}
+
+impl QwenParser {
+    /// A parser for one response; `tools` are the request's OpenAI-shaped tools.
+    pub fn new(tools: &[Value]) -> Self {
+        let schemas = tools
+            .iter()
+            .filter_map(|t| {
+                let f = t.get("function").unwrap_or(t);
+                let name = f.get("name")?.as_str()?.to_string();
+                let props = f
+                    .get("parameters")
+                    .and_then(|p| p.get("properties"))
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                Some((name, props))
+            })
+            .collect();
+        QwenParser {
+            state: State::Start,
+            buf: String::new(),
+            pending_ws: String::new(),
+            bare_function: false,
+            calls: 0,
+            schemas,
+        }
+    }
+
+    fn emit_text(&mut self, text: &str, out: &mut Vec<Piece>) {
+        if text.is_empty() {
+            return;
+        }
+        let trimmed = text.trim_end();
+        if trimmed.is_empty() {
+            self.pending_ws.push_str(text);
+            return;
+        }
+        push_text(out, &std::mem::take(&mut self.pending_ws));
+        push_text(out, trimmed);
+        self.pending_ws.push_str(&text[trimmed.len()..]);
+    }
+
+    fn emit_call(&mut self, call: ToolCall, out: &mut Vec<Piece>) {
+        self.pending_ws.clear();
+        self.calls += 1;
+        out.push(Piece::Call(call));
+    }
+
+    /// Parses a call body (between the tags): JSON or XML functions.
+    fn parse_body(&self, body: &str) -> Option<Vec<ToolCall>> {
+        let b = body.trim();
+        if b.starts_with('{') {
+            let v: Value = serde_json::from_str(b).ok()?;
+            return call_from_json(&v).map(|c| vec![c]);
+        }
+        if b.starts_with(FUNC_OPEN) {
+            return self.parse_xml(b);
+        }
+        None
+    }
+
+    /// `<function=NAME>(<parameter=P>value</parameter>)*</function>`, repeated.
+    fn parse_xml(&self, mut s: &str) -> Option<Vec<ToolCall>> {
+        let mut calls = Vec::new();
+        loop {
+            s = s.trim_start();
+            if s.is_empty() {
+                break;
+            }
+            let rest = s.strip_prefix(FUNC_OPEN)?;
+            let gt = rest.find('>')?;
+            let name = rest[..gt].trim();
+            if name.is_empty() || name.contains(['<', '\n']) {
+                return None;
+            }
+            let mut body = &rest[gt + 1..];
+            // A missing `</function>` is tolerated at the end of the output.
+            let end = body.find(FUNC_CLOSE).unwrap_or(body.len());
+            let after = body[end..].strip_prefix(FUNC_CLOSE).unwrap_or("");
+            body = &body[..end];
+            let props = self
+                .schemas
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, p)| p);
+            let mut args = Map::new();
+            loop {
+                body = body.trim_start();
+                if body.is_empty() {
+                    break;
+                }
+                let r = body.strip_prefix("<parameter=")?;
+                let gt = r.find('>')?;
+                let pname = r[..gt].trim().to_string();
+                let r = &r[gt + 1..];
+                let (raw, next) = match r.find("</parameter>") {
+                    Some(e) => (&r[..e], &r[e + "</parameter>".len()..]),
+                    // Tolerate a missing close before the next parameter or the end.
+                    None => match r.find("<parameter=") {
+                        Some(e) => (&r[..e], &r[e..]),
+                        None => (r, ""),
+                    },
+                };
+                let raw = raw.strip_prefix('\n').unwrap_or(raw);
+                let raw = raw.strip_suffix('\n').unwrap_or(raw);
+                let ty = props
+                    .and_then(|p| p.get(&pname))
+                    .and_then(|p| p.get("type"))
+                    .and_then(Value::as_str);
+                args.insert(pname, xml_value(raw, ty));
+                body = next;
+            }
+            calls.push(ToolCall {
+                name: name.to_string(),
+                arguments: Value::Object(args).to_string(),
+            });
+            s = after;
+        }
+        (!calls.is_empty()).then_some(calls)
+    }
+
+    /// Ends the current call with `body`; malformed markup becomes text.
+    fn close_call(&mut self, body: &str, closed: bool, out: &mut Vec<Piece>) {
+        match self.parse_body(body) {
+            Some(calls) => calls.into_iter().for_each(|c| self.emit_call(c, out)),
+            None => {
+                let open = if self.bare_function { "" } else { OPEN };
+                let close = match (closed, self.bare_function) {
+                    (false, _) => "",
+                    (true, false) => CLOSE,
+                    (true, true) => FUNC_CLOSE,
+                };
+                let t = format!("{open}{body}{close}");
+                push_text(out, &std::mem::take(&mut self.pending_ws));
+                push_text(out, &t);
+            }
+        }
+    }
+}
+
+/// A parameter value: strings stay raw; other schema types (or no schema) are
+/// parsed as JSON when they can be.
+fn xml_value(raw: &str, ty: Option<&str>) -> Value {
+    if ty == Some("string") {
+        return Value::String(raw.to_string());
+    }
+    match serde_json::from_str::<Value>(raw.trim()) {
+        Ok(v) if ty.is_some() || !v.is_string() => v,
+        _ => Value::String(raw.to_string()),
+    }
+}
+
+impl ToolParser for QwenParser {
+    fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
+        self.buf.push_str(text);
+        loop {
+            match self.state {
+                State::Start => {
+                    let t = self.buf.trim_start();
+                    if t.is_empty() {
+                        return;
+                    }
+                    self.state = if t.starts_with('{') {
+                        State::BareJson
+                    } else {
+                        State::Text
+                    };
+                    if self.calls > 0 {
+                        // Whitespace between calls and after the last one is layout.
+                        self.buf = self.buf.trim_start().to_string();
+                    }
+                }
+                State::BareJson => {
+                    let Some(end) = json_end(&self.buf) else {
+                        return;
+                    };
+                    let obj = self.buf[..end].to_string();
+                    let call = serde_json::from_str::<Value>(&obj)
+                        .ok()
+                        .and_then(|v| call_from_json(&v));
+                    match call {
+                        Some(c) => {
+                            self.buf.drain(..end);
+                            self.emit_call(c, out);
+                            // More calls may follow, bare or tagged.
+                            self.state = State::Start;
+                        }
+                        None => self.state = State::Text,
+                    }
+                }
+                State::Text => {
+                    let markers = [OPEN, FUNC_OPEN];
+                    match super::find_any(&self.buf, &markers) {
+                        Some((pos, k)) => {
+                            let before = self.buf[..pos].to_string();
+                            self.emit_text(&before, out);
+                            self.bare_function = k == 1;
+                            let skip = if self.bare_function { 0 } else { OPEN.len() };
+                            self.buf.drain(..pos + skip);
+                            self.state = State::Call;
+                        }
+                        None => {
+                            let n = safe_len(&self.buf, &markers);
+                            let t: String = self.buf.drain(..n).collect();
+                            self.emit_text(&t, out);
+                            return;
+                        }
+                    }
+                }
+                State::AfterCall => {
+                    let t = self.buf.trim_start();
+                    if t.len() < CLOSE.len() && CLOSE.starts_with(t) {
+                        return;
+                    }
+                    if let Some(r) = t.strip_prefix(CLOSE) {
+                        self.buf = r.to_string();
+                    }
+                    self.state = State::Start;
+                }
+                State::Call => {
+                    let close = if self.bare_function { FUNC_CLOSE } else { CLOSE };
+                    let Some(pos) = self.buf.find(close) else {
+                        return;
+                    };
+                    let mut body = self.buf[..pos].to_string();
+                    if self.bare_function {
+                        body.push_str(FUNC_CLOSE);
+                    }
+                    self.buf.drain(..pos + close.len());
+                    let closed = !self.bare_function;
+                    self.close_call(&body, closed, out);
+                    self.state = State::AfterCall;
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Piece>) {
+        let buf = std::mem::take(&mut self.buf);
+        match self.state {
+            State::AfterCall => {}
+            State::Start | State::Text => {
+                push_text(out, &std::mem::take(&mut self.pending_ws));
+                push_text(out, &buf);
+            }
+            State::BareJson => {
+                let call = serde_json::from_str::<Value>(&buf)
+                    .ok()
+                    .and_then(|v| call_from_json(&v));
+                match call {
+                    Some(c) => self.emit_call(c, out),
+                    None => {
+                        push_text(out, &std::mem::take(&mut self.pending_ws));
+                        push_text(out, &buf);
+                    }
+                }
+            }
+            State::Call => self.close_call(&buf, false, out),
+        }
+        self.state = State::Start;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{call, parse_all_splits, text};
+    use super::*;
+    use serde_json::json;
+
+    fn run(t: &str) -> Vec<Piece> {
+        let tools = vec![json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"}}}}})];
+        parse_all_splits(&|| Box::new(QwenParser::new(&tools)), t)
+    }
+
+    #[test]
+    fn hermes_single_call() {
+        let out = run(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        );
+        assert_eq!(out, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
+    }
+
+    #[test]
+    fn hermes_text_then_parallel_calls() {
+        let out = run("Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1, \"}\"]}}\n</tool_call>");
+        assert_eq!(
+            out,
+            vec![
+                text("Let me check."),
+                call("a", "{}"),
+                call("b", r#"{"x":[1,"}"]}"#)
+            ]
+        );
+    }
+
+    #[test]
+    fn plain_text_with_angle_brackets_passes() {
+        let t = "if a < b and <tool is a word> then x<y\n";
+        assert_eq!(run(t), vec![text(t)]);
+    }
+
+    #[test]
+    fn malformed_call_comes_back_as_text() {
+        let t = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {oops}\n</tool_call>";
+        assert_eq!(run(t), vec![text(t)]);
+        // Unterminated and unparsable.
+        let t = "ok <tool_call>\n{\"name\": \"get_w";
+        assert_eq!(run(t), vec![text(t)]);
+    }
+
+    #[test]
+    fn unterminated_but_complete_json_is_a_call() {
+        let out = run("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}");
+        assert_eq!(out, vec![call("get_weather", r#"{"city":"Oslo"}"#)]);
+    }
+
+    #[test]
+    fn bare_json_at_start_is_a_call() {
+        let out = run("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}");
+        assert_eq!(out, vec![call("get_weather", r#"{"city":"Rome"}"#)]);
+        // JSON that is not a call stays text.
+        let t = "{\"answer\": 42} is the result";
+        assert_eq!(run(t), vec![text(t)]);
+    }
+
+    #[test]
+    fn xml_calls_typed_by_schema() {
+        let out = run("<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>");
+        assert_eq!(
+            out,
+            vec![call("get_weather", r#"{"city":"New York","days":3}"#)]
+        );
+        // Without the `<tool_call>` wrapper, and a string that looks like a number.
+        let out = run("Sure.\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>");
+        assert_eq!(
+            out,
+            vec![text("Sure."), call("get_weather", r#"{"city":"42"}"#)]
+        );
+    }
+
+    #[test]
+    fn xml_unknown_function_parses_json_values() {
+        let out = run("<tool_call>\n<function=other>\n<parameter=obj>\n{\"a\": 1}\n</parameter>\n<parameter=s>\nhi\n</parameter>\n</function>\n</tool_call>");
+        assert_eq!(out, vec![call("other", r#"{"obj":{"a":1},"s":"hi"}"#)]);
+    }
+
+    #[test]
+    fn trailing_text_after_call_is_kept() {
+        let out = run("<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\nDone.");
+        assert_eq!(out, vec![call("a", "{}"), text("Done.")]);
+    }
+}
