@@ -4,7 +4,9 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Instant;
 
 use llama_cpp_sys_2 as sys;
 
@@ -38,8 +40,10 @@ pub fn init_logging() {
 }
 
 /// Loads a ggml backend library (e.g. `libggml-cuda.so`) so its devices become
-/// visible to [`Device::all`]. The library must be built from the same ggml source.
-pub fn load_backend(path: &Path) -> Result<(), GgmlError> {
+/// visible to [`Device::all`], and returns those devices (none when the library
+/// loads but finds no hardware). The library must be built from the same ggml
+/// source as the process's `libggml-base`, which it shares.
+pub fn load_backend(path: &Path) -> Result<Vec<Device>, GgmlError> {
     let s = path.to_string_lossy().into_owned();
     let c = CString::new(s.clone()).map_err(|_| GgmlError::BackendLoad(s.clone()))?;
     // SAFETY: valid C string; ggml returns null on failure.
@@ -47,7 +51,12 @@ pub fn load_backend(path: &Path) -> Result<(), GgmlError> {
     if reg.is_null() {
         return Err(GgmlError::BackendLoad(s));
     }
-    Ok(())
+    // SAFETY: a live registry; device handles stay valid for the program's life.
+    let n = unsafe { sys::ggml_backend_reg_dev_count(reg) };
+    Ok((0..n)
+        .filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_reg_dev_get(reg, i) }))
+        .map(|ptr| Device { ptr })
+        .collect())
 }
 
 /// Kind of compute device.
@@ -464,6 +473,41 @@ impl Drop for Backend {
     }
 }
 
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static ALLOC_NS: AtomicU64 = AtomicU64::new(0);
+static COMPUTES: AtomicU64 = AtomicU64::new(0);
+static COMPUTE_NS: AtomicU64 = AtomicU64::new(0);
+static LAST_SPLITS: AtomicU64 = AtomicU64::new(0);
+
+/// Host-side time spent in graph schedulers, summed over every [`Scheduler`] of the
+/// process since it started. Benchmarks take differences to see where a step's time
+/// goes: graph allocation (splitting and placing tensors) versus computation (which
+/// includes waiting for the device).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedStats {
+    /// Graphs allocated.
+    pub allocs: u64,
+    /// Nanoseconds in [`Scheduler::alloc`].
+    pub alloc_ns: u64,
+    /// Graphs computed.
+    pub computes: u64,
+    /// Nanoseconds in [`Scheduler::compute`] (until the results are ready).
+    pub compute_ns: u64,
+    /// Backend splits of the last graph allocated (1 = it ran on one backend).
+    pub last_splits: u64,
+}
+
+/// The scheduler counters so far (see [`SchedStats`]).
+pub fn sched_stats() -> SchedStats {
+    SchedStats {
+        allocs: ALLOCS.load(Relaxed),
+        alloc_ns: ALLOC_NS.load(Relaxed),
+        computes: COMPUTES.load(Relaxed),
+        compute_ns: COMPUTE_NS.load(Relaxed),
+        last_splits: LAST_SPLITS.load(Relaxed),
+    }
+}
+
 /// Runs graphs over one or more backends, splitting them by where weights live and
 /// allocating intermediate tensors in reusable compute buffers.
 pub struct Scheduler {
@@ -502,21 +546,29 @@ impl Scheduler {
 
     /// Allocates all intermediate tensors of `graph`; after this, inputs can be written.
     pub fn alloc(&mut self, graph: &Graph<'_>) -> Result<(), GgmlError> {
+        let t0 = Instant::now();
         // SAFETY: live scheduler and graph.
         unsafe {
             sys::ggml_backend_sched_reset(self.ptr.as_ptr());
             if !sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), graph.raw()) {
                 return Err(GgmlError::GraphAlloc);
             }
+            let splits = sys::ggml_backend_sched_get_n_splits(self.ptr.as_ptr());
+            LAST_SPLITS.store(splits.max(0) as u64, Relaxed);
         }
+        ALLOCS.fetch_add(1, Relaxed);
+        ALLOC_NS.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         Ok(())
     }
 
     /// Computes an allocated graph and waits for it.
     pub fn compute(&mut self, graph: &Graph<'_>) -> Result<(), GgmlError> {
+        let t0 = Instant::now();
         // SAFETY: graph allocated by `alloc`.
         let status =
             unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), graph.raw()) };
+        COMPUTES.fetch_add(1, Relaxed);
+        COMPUTE_NS.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         if status != sys::GGML_STATUS_SUCCESS {
             return Err(GgmlError::Compute(cstr(unsafe {
                 sys::ggml_status_to_string(status)

@@ -12,6 +12,45 @@ use crate::{DType, GgmlError};
 /// all contexts are `no_alloc`, data lives in backend buffers).
 pub struct Context {
     ptr: NonNull<sys::ggml_context>,
+    // The arena memory, handed back to the pool on drop (after ggml_free).
+    arena: Option<Arena>,
+}
+
+/// 64-byte aligned unit of arena memory (ggml wants at least 16).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+type Arena = Vec<Line>;
+
+/// Arenas of dropped contexts, most recent last. A model step builds its graph in
+/// a fresh context; taking the same arena back gives the same tensor addresses as
+/// the previous step of that shape, and ggml's CUDA backend keys its CUDA-graph
+/// cache on those addresses (node pointers and their contents): with a new
+/// allocation per step it would re-capture, or never replay, the step's kernels.
+static ARENAS: std::sync::Mutex<Vec<Arena>> = std::sync::Mutex::new(Vec::new());
+/// Arenas kept for reuse at most (one per concurrently built graph is enough).
+const MAX_POOLED_ARENAS: usize = 8;
+
+fn take_arena(bytes: usize) -> Arena {
+    let lines = bytes.div_ceil(64);
+    let mut pool = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
+    // The most recently returned arena that fits, so alternating shapes each keep theirs.
+    match pool
+        .iter()
+        .rposition(|a| a.len() >= lines && a.len() <= 2 * lines + 1024)
+    {
+        Some(i) => pool.remove(i),
+        None => vec![Line([0; 64]); lines],
+    }
+}
+
+fn give_arena(a: Arena) {
+    let mut pool = ARENAS.lock().unwrap_or_else(|e| e.into_inner());
+    pool.push(a);
+    if pool.len() > MAX_POOLED_ARENAS {
+        pool.remove(0);
+    }
 }
 
 // SAFETY: a context is only used by one thread at a time (it is not Sync); moving it
@@ -27,16 +66,25 @@ impl Context {
         if graph_nodes > 0 {
             size += unsafe { sys::ggml_graph_overhead_custom(graph_nodes, false) };
         }
+        let mut arena = take_arena(size);
         let params = sys::ggml_init_params {
-            mem_size: size,
-            mem_buffer: std::ptr::null_mut(),
+            mem_size: arena.len() * 64,
+            mem_buffer: arena.as_mut_ptr().cast(),
             no_alloc: true,
         };
-        // SAFETY: ggml_init allocates its own arena; null on failure.
+        // SAFETY: the arena is 64-byte aligned, `mem_size` bytes long, and outlives the
+        // context (we free the context before returning the arena); null on failure.
         let ptr = unsafe { sys::ggml_init(params) };
-        NonNull::new(ptr)
-            .map(|ptr| Context { ptr })
-            .ok_or(GgmlError::ContextAlloc(size))
+        match NonNull::new(ptr) {
+            Some(ptr) => Ok(Context {
+                ptr,
+                arena: Some(arena),
+            }),
+            None => {
+                give_arena(arena);
+                Err(GgmlError::ContextAlloc(size))
+            }
+        }
     }
 
     fn raw(&self) -> *mut sys::ggml_context {
@@ -352,8 +400,12 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: we own the context; tensors borrowing it are gone (lifetimes).
+        // SAFETY: we own the context; tensors borrowing it are gone (lifetimes). ggml
+        // does not free a caller-provided arena.
         unsafe { sys::ggml_free(self.raw()) }
+        if let Some(a) = self.arena.take() {
+            give_arena(a);
+        }
     }
 }
 

@@ -12,12 +12,14 @@
 
 mod backend;
 mod context;
+mod quant;
 
 pub use backend::{
-    init_logging, load_backend, Backend, Buffer, BufferType, Device, DeviceKind, HostBytes,
-    Scheduler,
+    init_logging, load_backend, sched_stats, Backend, Buffer, BufferType, Device, DeviceKind,
+    HostBytes, SchedStats, Scheduler,
 };
 pub use context::{Context, Graph, Pod, RopeParams, Tensor, TensorStore};
+pub use quant::quantize_rows;
 
 /// Errors raised by the ggml wrapper.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +69,18 @@ impl DType {
     pub const F32: DType = DType(0);
     /// 16-bit IEEE float.
     pub const F16: DType = DType(1);
+    /// 4-bit, blocks of 32 with an f16 scale.
+    pub const Q4_0: DType = DType(2);
+    /// 8-bit, blocks of 32 with an f16 scale.
+    pub const Q8_0: DType = DType(8);
+    /// 4-bit k-quant (super-blocks of 256).
+    pub const Q4_K: DType = DType(12);
+    /// 5-bit k-quant (super-blocks of 256).
+    pub const Q5_K: DType = DType(13);
+    /// 6-bit k-quant (super-blocks of 256).
+    pub const Q6_K: DType = DType(14);
+    /// bfloat16.
+    pub const BF16: DType = DType(30);
     /// 32-bit signed integer.
     pub const I32: DType = DType(26);
     /// 64-bit signed integer.
@@ -105,6 +119,19 @@ impl DType {
     pub fn row_size(self, n: i64) -> usize {
         // SAFETY: pure function of valid arguments.
         unsafe { llama_cpp_sys_2::ggml_row_size(self.0, n) }
+    }
+
+    /// Elements per block (1 for plain types, 32 or 256 for quantized ones).
+    pub fn block_size(self) -> usize {
+        // SAFETY: valid ids only.
+        unsafe { llama_cpp_sys_2::ggml_blck_size(self.0) as usize }
+    }
+
+    /// The type ggml calls `name` (case-insensitive, e.g. `q4_k`, `f16`).
+    pub fn from_name(name: &str) -> Option<DType> {
+        (0..llama_cpp_sys_2::GGML_TYPE_COUNT)
+            .filter_map(DType::from_raw)
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// Whether the type is a block-quantized one.

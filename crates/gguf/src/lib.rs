@@ -14,6 +14,7 @@ mod error;
 mod metadata;
 mod parse;
 mod types;
+pub mod writer;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,6 +22,7 @@ use std::path::Path;
 pub use error::GgufError;
 pub use metadata::{ArrayValue, Metadata, Value};
 pub use types::GgmlType;
+pub use writer::{GgufWriter, TensorDecl};
 
 /// Metadata key holding the data-section alignment.
 pub const KEY_ALIGNMENT: &str = "general.alignment";

@@ -2,8 +2,9 @@
 //!
 //! On the CPU, weights stay in the file mapping (no copy) except matmul weights
 //! that the CPU's repacked buffer types accept: those are copied once into the
-//! faster layout. On a GPU, weights are uploaded to device memory; the token
-//! embedding stays in host memory (only its looked-up rows travel).
+//! faster layout. On a GPU, weights are uploaded to device memory (never repacked);
+//! the token embedding stays in host memory (only its looked-up rows travel). With
+//! partial offload ([`Offload::Layers`]) the remaining layers follow the CPU rules.
 
 use std::sync::Arc;
 
@@ -119,6 +120,43 @@ pub struct Embeddings {
     pub output: WeightId,
 }
 
+/// Which weights a non-CPU device gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Offload {
+    /// The whole model (the token embedding still stays in host memory).
+    #[default]
+    All,
+    /// The last `n` transformer blocks (`blk.<i>.*`), like llama.cpp's
+    /// `--n-gpu-layers`; the output norm and projection too once `n` covers every
+    /// block. The rest stays on the CPU.
+    Layers(usize),
+}
+
+impl Offload {
+    /// Per spec: whether it goes to the device.
+    fn on_device(self, specs: &[WeightSpec]) -> Vec<bool> {
+        let layer = |name: &str| -> Option<usize> {
+            name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+        };
+        let n_layer = specs
+            .iter()
+            .filter_map(|s| layer(&s.name))
+            .max()
+            .map_or(0, |l| l + 1);
+        let n = match self {
+            Offload::All => n_layer,
+            Offload::Layers(n) => n.min(n_layer),
+        };
+        specs
+            .iter()
+            .map(|s| match layer(&s.name) {
+                Some(il) => il >= n_layer - n,
+                None => n == n_layer,
+            })
+            .collect()
+    }
+}
+
 /// The model file's mapping, shared with ggml buffers that point into it.
 struct Mapping(Arc<GgufFile>);
 
@@ -150,10 +188,24 @@ impl Weights {
 
     /// Loads `specs` from `file` for use on `device`, calling `progress(done, total)` in bytes.
     /// `repack` lets CPU matmul weights move into faster repacked layouts (a copy).
+    /// On a GPU every weight but the token embedding goes to the device.
     pub fn load(
         file: &Arc<GgufFile>,
         specs: &[WeightSpec],
         device: Device,
+        repack: bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Weights, ModelError> {
+        Weights::load_with(file, specs, device, Offload::All, repack, progress)
+    }
+
+    /// Like [`Weights::load`], choosing with `offload` which layers a non-CPU
+    /// `device` gets (ignored on the CPU).
+    pub fn load_with(
+        file: &Arc<GgufFile>,
+        specs: &[WeightSpec],
+        device: Device,
+        offload: Offload,
         repack: bool,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Weights, ModelError> {
@@ -192,26 +244,31 @@ impl Weights {
         }
 
         // Choose a buffer type per weight; None = read in place from the file mapping.
-        let extra = match device.kind() {
+        let cpu = Device::cpu();
+        let on_device: Vec<bool> = match device.kind() {
+            DeviceKind::Cpu => vec![false; specs.len()],
+            _ => offload.on_device(specs),
+        };
+        let extra = match repack && on_device.iter().any(|d| !d) {
             // AMX tiles fault in some VMs and change numerics vs. the reference; the
             // CPU_REPACK layouts give llama.cpp's default speed and results.
-            DeviceKind::Cpu if repack => device
+            true => cpu
                 .extra_buffer_types()
                 .into_iter()
                 .filter(|b| !b.name().contains("AMX"))
                 .collect(),
-            _ => Vec::new(),
+            false => Vec::new(),
         };
         let mut choice: Vec<Option<BufferType>> = Vec::with_capacity(specs.len());
         for (id, s) in specs.iter().enumerate() {
             let t = store.get(id);
-            let c = match (device.kind(), s.usage) {
-                (DeviceKind::Cpu, WeightUse::MatMul) => extra
+            let c = match (on_device[id], s.usage) {
+                (false, WeightUse::MatMul) => extra
                     .iter()
                     .copied()
-                    .find(|&b| device.supports_mul_mat_in(b, t)),
-                (DeviceKind::Cpu, _) | (_, WeightUse::Rows) => None,
-                _ => Some(device.buffer_type()),
+                    .find(|&b| cpu.supports_mul_mat_in(b, t)),
+                (false, _) | (true, WeightUse::Rows) => None,
+                (true, _) => Some(device.buffer_type()),
             };
             choice.push(c);
         }
@@ -293,5 +350,37 @@ impl Weights {
             placement,
             repacked,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_offload_takes_the_last_layers() {
+        let mut l = SpecList::default();
+        l.add("token_embd.weight", &[8, 8], WeightUse::Rows);
+        for i in 0..4 {
+            l.add(format!("blk.{i}.attn_q.weight"), &[8, 8], WeightUse::MatMul);
+            l.add(
+                format!("blk.{i}.attn_norm.weight"),
+                &[8],
+                WeightUse::Elementwise,
+            );
+        }
+        l.add("output.weight", &[8, 8], WeightUse::MatMul);
+        let on = |o: Offload| o.on_device(l.specs());
+        let all = on(Offload::All);
+        assert!(all.iter().all(|&x| x));
+        assert_eq!(on(Offload::Layers(4)), all);
+        assert_eq!(on(Offload::Layers(99)), all);
+        let none = on(Offload::Layers(0));
+        assert!(none.iter().all(|&x| !x));
+        let two = on(Offload::Layers(2));
+        assert_eq!(
+            two,
+            [false, false, false, false, false, true, true, true, true, false]
+        );
     }
 }
