@@ -1,0 +1,208 @@
+//! Binding grammars to a vocabulary ([`GrammarCompiler`]) and following one
+//! through a generation ([`Constraint`]).
+
+use std::sync::{Arc, Mutex, Weak};
+
+use llguidance::api::StopReason;
+use llguidance::{Matcher, ParserFactory};
+use tempo9_tokenizer::Tokenizer;
+use toktrie::TokEnv;
+
+use tempo9_engine::{TokenConstraint, TokenMask};
+
+use crate::env::TokenizerEnvImpl;
+use crate::{Grammar, GrammarError};
+
+/// Compiles [`Grammar`]s for one vocabulary. Building one walks the whole
+/// vocabulary (token trie plus llguidance's per-slice token sets), so make one
+/// per loaded model and share it: it is cheap to clone and thread-safe.
+#[derive(Clone)]
+pub struct GrammarCompiler {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tok: Arc<Tokenizer>,
+    env: TokEnv,
+    factory: ParserFactory,
+}
+
+type Cache = Vec<(Weak<Tokenizer>, GrammarCompiler)>;
+static CACHE: Mutex<Cache> = Mutex::new(Vec::new());
+
+impl GrammarCompiler {
+    /// A compiler for `tok`'s vocabulary (not cached; see [`Self::for_tokenizer`]).
+    pub fn new(tok: Arc<Tokenizer>) -> Result<GrammarCompiler, GrammarError> {
+        let env = TokenizerEnvImpl::new(tok.clone()).into_tok_env();
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Compile(e.to_string()))?;
+        // Errors come back as values; nothing should go to stderr in a server.
+        factory.quiet();
+        Ok(GrammarCompiler {
+            inner: Arc::new(Inner { tok, env, factory }),
+        })
+    }
+
+    /// The compiler for `tok`, built on first use and cached for as long as the
+    /// tokenizer lives (keyed by the `Arc`'s identity).
+    pub fn for_tokenizer(tok: &Arc<Tokenizer>) -> Result<GrammarCompiler, GrammarError> {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(w, _)| w.strong_count() > 0);
+        if let Some((_, c)) = cache
+            .iter()
+            .find(|(w, _)| w.upgrade().is_some_and(|t| Arc::ptr_eq(&t, tok)))
+        {
+            return Ok(c.clone());
+        }
+        let c = GrammarCompiler::new(tok.clone())?;
+        cache.push((Arc::downgrade(tok), c.clone()));
+        Ok(c)
+    }
+
+    /// The tokenizer this compiler was built for.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.inner.tok
+    }
+
+    /// llguidance's token environment for this vocabulary.
+    pub fn tok_env(&self) -> &TokEnv {
+        &self.inner.env
+    }
+
+    /// Binds `grammar` to this vocabulary: a fresh [`Constraint`] positioned at
+    /// the start of the output. Errors name the problem (e.g. an unknown special
+    /// token in a Lark grammar, or a schema llguidance cannot express).
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
+        let parser = self
+            .inner
+            .factory
+            .create_parser(grammar.top_level().clone())
+            .map_err(|e| GrammarError::Compile(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Compile(e));
+        }
+        Ok(Constraint {
+            matcher,
+            n_vocab: self.inner.tok.vocab_size(),
+        })
+    }
+}
+
+/// One request's grammar state: which tokens may come next, advanced token by
+/// token. Implements the engine's `TokenConstraint` contract (see the crate
+/// docs).
+pub struct Constraint {
+    matcher: Matcher,
+    n_vocab: usize,
+}
+
+impl Constraint {
+    /// The tokens allowed next, as 32-bit words (bit `t % 32` of word `t / 32`
+    /// allows token `t`, the layout of the engine's `TokenMask::from_words`),
+    /// covering the tokenizer's vocabulary; ids past it are never allowed.
+    ///
+    /// When the grammar can end here the model's end-of-generation tokens are
+    /// allowed. An empty mask, or an error inside the matcher, is a dead end
+    /// and returns `Err` with the reason.
+    pub fn compute_mask_words(&mut self) -> Result<Vec<u32>, String> {
+        if let Some(e) = self.matcher.get_error() {
+            return Err(e);
+        }
+        // A complete grammar allows only end-of-generation tokens (callers normally
+        // stop first, on is_finished).
+        let vob = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| e.to_string())?;
+        if vob.is_zero() {
+            return Err(self.dead_end_reason("the grammar allows no token here"));
+        }
+        let mut words = vob.as_slice().to_vec();
+        words.resize(self.n_vocab.div_ceil(32), 0);
+        Ok(words)
+    }
+
+    /// Advances past `token` (one the last mask allowed). An end-of-generation
+    /// token ends an accepting grammar.
+    pub fn accept_token(&mut self, token: u32) -> Result<(), String> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| format!("token {token} rejected by the grammar: {e}"))
+    }
+
+    /// Advances past `text` that is part of the output but was not sampled under
+    /// this constraint, e.g. the start of a tool call the server appended to the
+    /// prompt (`ToolFormat::forced_prefix`). Errors if the grammar does not allow
+    /// it here.
+    pub fn advance_text(&mut self, text: &str) -> Result<(), String> {
+        let env = self.matcher.tok_env().map_err(|e| e.to_string())?;
+        let tokens = env.tokenize_bytes(text.as_bytes());
+        let n = self
+            .matcher
+            .try_consume_tokens(&tokens)
+            .map_err(|e| e.to_string())?;
+        if n != tokens.len() {
+            return Err(format!("the grammar does not allow {text:?} here"));
+        }
+        Ok(())
+    }
+
+    /// Whether the output so far is complete and the grammar allows nothing more
+    /// (the engine then stops the request with `ConstraintDone`).
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+
+    /// Whether the output so far is a complete match (the grammar could end here,
+    /// though it may also allow more).
+    pub fn is_accepting(&mut self) -> bool {
+        (self.matcher.is_stopped() && !self.matcher.is_error())
+            || self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Tokens the grammar forces next whatever the model says (e.g. the rest of a
+    /// property name); empty when there is a choice. Not consumed.
+    pub fn forced_tokens(&mut self) -> Vec<u32> {
+        self.matcher.compute_ff_tokens()
+    }
+
+    /// How many of `tokens` (from here, in order) the grammar accepts, without
+    /// advancing.
+    pub fn validate_tokens(&mut self, tokens: &[u32]) -> Result<usize, String> {
+        self.matcher
+            .validate_tokens(tokens)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The matcher's error, if it failed.
+    pub fn error(&self) -> Option<String> {
+        self.matcher.get_error()
+    }
+
+    fn dead_end_reason(&self, what: &str) -> String {
+        match self.matcher.stop_reason() {
+            StopReason::NotStopped | StopReason::NoExtension | StopReason::EndOfSentence => {
+                what.to_string()
+            }
+            r => match self.matcher.get_error() {
+                Some(e) => format!("{what}: {e}"),
+                None => format!("{what} ({r:?})"),
+            },
+        }
+    }
+}
+
+impl TokenConstraint for Constraint {
+    fn compute_mask(&mut self) -> Result<TokenMask, String> {
+        self.compute_mask_words().map(TokenMask::from_words)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        self.accept_token(token)
+    }
+
+    fn is_finished(&self) -> bool {
+        Constraint::is_finished(self)
+    }
+}

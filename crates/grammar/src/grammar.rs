@@ -1,0 +1,220 @@
+//! Grammar sources: JSON Schema, regex, Lark, and the API request shapes that
+//! carry them (OpenAI `response_format`, Ollama `format`).
+
+use llguidance::api::{GrammarInit, ParserLimits, TopLevelGrammar, ValidationResult};
+use serde_json::{json, Map, Value};
+
+use crate::GrammarError;
+
+/// JSON whitespace the model may use where JSON allows whitespace: one space, or a
+/// newline and up to 20 indentation characters (as llama.cpp's JSON grammars do).
+/// Bounded so a small model cannot run away emitting whitespace forever, and
+/// broad enough for both compact and pretty-printed JSON.
+pub const JSON_WHITESPACE: &str = r"(?: |\n[ \t]{0,20})";
+
+/// A grammar to constrain output with, checked but not yet bound to a vocabulary
+/// (see [`crate::GrammarCompiler::compile`]).
+#[derive(Clone, Debug)]
+pub struct Grammar {
+    top: TopLevelGrammar,
+    kind: GrammarKind,
+}
+
+/// What a [`Grammar`] was built from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrammarKind {
+    /// A JSON Schema (including "any JSON object").
+    JsonSchema,
+    /// A regular expression.
+    Regex,
+    /// A Lark grammar (including tool-call grammars).
+    Lark,
+}
+
+/// How strictly a JSON Schema is followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemaMode {
+    /// Every keyword must be supported; an unsupported keyword or `format` is an
+    /// error (OpenAI `strict: true`).
+    Strict,
+    /// Unsupported keywords and formats are ignored (best effort), `oneOf` is
+    /// treated as `anyOf` (OpenAI `strict: false`, Ollama).
+    Lenient,
+}
+
+impl Grammar {
+    /// Output must be a JSON value valid against `schema` (JSON Schema draft
+    /// 2020-12, earlier drafts by `$schema`).
+    ///
+    /// The schema is checked against the JSON Schema meta-schema (so `"type":
+    /// "strin"` or `"minItems": -1` are errors naming the place) and then
+    /// compiled by llguidance (so unsatisfiable or, in [`SchemaMode::Strict`],
+    /// unsupported constructs are errors too). Properties are generated in
+    /// schema order; whitespace follows [`JSON_WHITESPACE`] unless the schema's
+    /// top-level `x-guidance` options say otherwise.
+    pub fn json_schema(schema: &Value, mode: SchemaMode) -> Result<Grammar, GrammarError> {
+        check_meta_schema(schema)?;
+        let with_opts = with_guidance_options(schema, mode);
+        let top = TopLevelGrammar::from_json_schema(with_opts);
+        validate(&top).map_err(GrammarError::InvalidSchema)?;
+        Ok(Grammar {
+            top,
+            kind: GrammarKind::JsonSchema,
+        })
+    }
+
+    /// Output must be one JSON object (any keys and values): OpenAI
+    /// `response_format: {"type": "json_object"}`, Ollama `format: "json"`.
+    pub fn json_object() -> Grammar {
+        Grammar::json_schema(&json!({"type": "object"}), SchemaMode::Strict)
+            .expect("the any-object schema is valid")
+    }
+
+    /// Output must match the regular expression `rx` as a whole (Rust `regex`
+    /// syntax; no look-around or back-references).
+    pub fn regex(rx: &str) -> Result<Grammar, GrammarError> {
+        let top = TopLevelGrammar::from_regex(rx);
+        validate(&top).map_err(GrammarError::InvalidRegex)?;
+        Ok(Grammar {
+            top,
+            kind: GrammarKind::Regex,
+        })
+    }
+
+    /// Output must match the llguidance Lark grammar `src` (its `start` rule).
+    /// Special tokens (`<|im_end|>`) are resolved when the grammar is compiled
+    /// for a vocabulary.
+    pub fn lark(src: &str) -> Result<Grammar, GrammarError> {
+        let top = TopLevelGrammar::from_lark(src.to_string());
+        validate(&top).map_err(GrammarError::InvalidLark)?;
+        Ok(Grammar {
+            top,
+            kind: GrammarKind::Lark,
+        })
+    }
+
+    /// The grammar for an OpenAI `response_format` object, or `None` for
+    /// `{"type": "text"}`.
+    ///
+    /// `{"type": "json_object"}` → any JSON object; `{"type": "json_schema",
+    /// "json_schema": {"name": .., "schema": {..}, "strict": bool}}` → that
+    /// schema, [`SchemaMode::Strict`] when `strict` is true, else lenient.
+    pub fn from_openai_response_format(format: &Value) -> Result<Option<Grammar>, GrammarError> {
+        let bad = |m: &str| GrammarError::InvalidFormat(format!("response_format: {m}"));
+        let obj = format.as_object().ok_or_else(|| bad("must be an object"))?;
+        let ty = obj
+            .get("type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("missing string field 'type'"))?;
+        match ty {
+            "text" => Ok(None),
+            "json_object" => Ok(Some(Grammar::json_object())),
+            "json_schema" => {
+                let js = obj
+                    .get("json_schema")
+                    .and_then(Value::as_object)
+                    .ok_or_else(|| bad("type 'json_schema' needs an object field 'json_schema'"))?;
+                let strict = match js.get("strict") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => return Err(bad("json_schema.strict must be a boolean")),
+                };
+                let schema = match js.get("schema") {
+                    // OpenAI treats a missing schema as "any JSON object".
+                    None => return Ok(Some(Grammar::json_object())),
+                    Some(s @ Value::Object(_)) => s,
+                    Some(_) => return Err(bad("json_schema.schema must be an object")),
+                };
+                let mode = if strict {
+                    SchemaMode::Strict
+                } else {
+                    SchemaMode::Lenient
+                };
+                Grammar::json_schema(schema, mode).map(Some)
+            }
+            other => Err(bad(&format!(
+                "unknown type '{other}' (expected text, json_object or json_schema)"
+            ))),
+        }
+    }
+
+    /// The grammar for an Ollama `format` field: `"json"` → any JSON object, a
+    /// JSON Schema object → that schema (lenient); `null` or `""` → `None`.
+    pub fn from_ollama_format(format: &Value) -> Result<Option<Grammar>, GrammarError> {
+        match format {
+            Value::Null => Ok(None),
+            Value::String(s) if s.is_empty() => Ok(None),
+            Value::String(s) if s == "json" => Ok(Some(Grammar::json_object())),
+            Value::String(s) => Err(GrammarError::InvalidFormat(format!(
+                "format: expected \"json\" or a JSON schema object, got \"{s}\""
+            ))),
+            Value::Object(_) => Grammar::json_schema(format, SchemaMode::Lenient).map(Some),
+            _ => Err(GrammarError::InvalidFormat(
+                "format: expected \"json\" or a JSON schema object".into(),
+            )),
+        }
+    }
+
+    /// What this grammar was built from.
+    pub fn kind(&self) -> GrammarKind {
+        self.kind
+    }
+
+    /// The llguidance grammar.
+    pub fn top_level(&self) -> &TopLevelGrammar {
+        &self.top
+    }
+
+    pub(crate) fn from_top(top: TopLevelGrammar, kind: GrammarKind) -> Grammar {
+        Grammar { top, kind }
+    }
+}
+
+/// Tokenizer-independent llguidance check (special-token names are checked at
+/// compile time, when the vocabulary is known).
+pub(crate) fn validate(top: &TopLevelGrammar) -> Result<(), String> {
+    match GrammarInit::Serialized(top.clone()).validate(None, ParserLimits::default()) {
+        ValidationResult::Error(e) => Err(e),
+        ValidationResult::Valid | ValidationResult::Warnings(_) => Ok(()),
+    }
+}
+
+/// Checks `schema` against its meta-schema, and that its regex patterns compile
+/// and its local `$ref`s resolve.
+pub(crate) fn check_meta_schema(schema: &Value) -> Result<(), GrammarError> {
+    if !matches!(schema, Value::Object(_) | Value::Bool(_)) {
+        return Err(GrammarError::InvalidSchema(
+            "a JSON schema must be an object or a boolean".into(),
+        ));
+    }
+    if let Err(e) = jsonschema::meta::validate(schema) {
+        let path = e.instance_path.to_string();
+        let at = if path.is_empty() { "/".into() } else { path };
+        return Err(GrammarError::InvalidSchema(format!("at {at}: {e}")));
+    }
+    jsonschema::validator_for(schema)
+        .map(|_| ())
+        .map_err(|e| GrammarError::InvalidSchema(e.to_string()))
+}
+
+/// Adds Tempo9's defaults to the schema's top-level `x-guidance` options
+/// (bounded whitespace; leniency by mode) without overriding the caller's.
+pub(crate) fn with_guidance_options(schema: &Value, mode: SchemaMode) -> Value {
+    let Value::Object(obj) = schema else {
+        // `true` / `false`: nowhere to put options; nothing to relax either.
+        return schema.clone();
+    };
+    let mut obj = obj.clone();
+    let mut opts = match obj.remove("x-guidance") {
+        Some(Value::Object(o)) => o,
+        _ => Map::new(),
+    };
+    if !opts.contains_key("whitespace_pattern") && !opts.contains_key("whitespace_flexible") {
+        opts.insert("whitespace_pattern".into(), JSON_WHITESPACE.into());
+    }
+    if mode == SchemaMode::Lenient {
+        opts.entry("lenient").or_insert(Value::Bool(true));
+    }
+    obj.insert("x-guidance".into(), Value::Object(opts));
+    Value::Object(obj)
+}

@@ -1,0 +1,87 @@
+//! Shared test helpers: the real models and the schema suite.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tempo9_tokenizer::Tokenizer;
+
+pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+pub const QWEN: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+pub const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Path of a real model; panics (fails the test) when missing unless
+/// TEMPO9_SKIP_MODEL_TESTS=1, in which case it returns None.
+pub fn model_path(file: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("TEMPO9_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tempo9/models")
+        });
+    let p = dir.join(file);
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var("TEMPO9_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
+        eprintln!("skipping: {} missing", p.display());
+        return None;
+    }
+    panic!(
+        "model {} missing: run scripts/fetch-models.sh (or set TEMPO9_SKIP_MODEL_TESTS=1)",
+        p.display()
+    );
+}
+
+/// The tokenizer of a real model (weights not loaded).
+pub fn tokenizer(file: &str) -> Option<Arc<Tokenizer>> {
+    let p = model_path(file)?;
+    let f = tempo9_gguf::GgufFile::open(&p).expect("open gguf");
+    Some(Arc::new(Tokenizer::from_gguf(&f).expect("tokenizer")))
+}
+
+/// One schema of the suite (tests/schemas/*.json).
+pub struct Case {
+    pub name: String,
+    pub prompt: String,
+    pub schema: Value,
+    pub valid: Vec<Value>,
+    pub invalid: Vec<Value>,
+}
+
+/// The schema suite, sorted by file name.
+pub fn cases() -> Vec<Case> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/schemas");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("schemas dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let v: Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).expect("read")).expect("json");
+            let list = |k: &str| v[k].as_array().expect(k).clone();
+            Case {
+                name: p.file_stem().unwrap().to_string_lossy().into_owned(),
+                prompt: v["prompt"].as_str().expect("prompt").to_string(),
+                schema: v["schema"].clone(),
+                valid: list("valid"),
+                invalid: list("invalid"),
+            }
+        })
+        .collect()
+}
+
+/// Whether `instance` validates against `schema` (the reference validator, with
+/// `format` asserted as the grammar enforces it).
+pub fn schema_valid(schema: &Value, instance: &Value) -> bool {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+        .expect("suite schema compiles")
+        .is_valid(instance)
+}
