@@ -6,9 +6,7 @@
 
 use serde_json::Value;
 
-use super::{
-    arguments_text, push_reasoning, push_text, safe_len, Piece, ToolCall, ToolParser,
-};
+use super::{arguments_text, push_reasoning, push_text, safe_len, Piece, ToolCall, ToolParser};
 
 const MESSAGE: &str = "<|message|>";
 const ENDS: [&str; 4] = ["<|end|>", "<|call|>", "<|return|>", "<|start|>"];
@@ -198,7 +196,10 @@ mod tests {
         // Calls not parsed (tool_choice none): the call body is text.
         let mut p = HarmonyParser::new(false);
         let mut out = Vec::new();
-        p.push("<|channel|>commentary to=functions.f<|message|>{}<|call|>", &mut out);
+        p.push(
+            "<|channel|>commentary to=functions.f<|message|>{}<|call|>",
+            &mut out,
+        );
         p.finish(&mut out);
         assert_eq!(out, vec![text("{}")]);
     }

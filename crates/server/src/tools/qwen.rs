@@ -120,11 +120,7 @@ impl QwenParser {
             let end = body.find(FUNC_CLOSE).unwrap_or(body.len());
             let after = body[end..].strip_prefix(FUNC_CLOSE).unwrap_or("");
             body = &body[..end];
-            let props = self
-                .schemas
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, p)| p);
+            let props = self.schemas.iter().find(|(n, _)| n == name).map(|(_, p)| p);
             let mut args = Map::new();
             loop {
                 body = body.trim_start();
@@ -260,7 +256,11 @@ impl ToolParser for QwenParser {
                     self.state = State::Start;
                 }
                 State::Call => {
-                    let close = if self.bare_function { FUNC_CLOSE } else { CLOSE };
+                    let close = if self.bare_function {
+                        FUNC_CLOSE
+                    } else {
+                        CLOSE
+                    };
                     let Some(pos) = self.buf.find(close) else {
                         return;
                     };
@@ -281,6 +281,8 @@ impl ToolParser for QwenParser {
         let buf = std::mem::take(&mut self.buf);
         match self.state {
             State::AfterCall => {}
+            // Whitespace after the last call is layout, not an answer.
+            State::Start if self.calls > 0 && buf.trim().is_empty() => {}
             State::Start | State::Text => {
                 push_text(out, &std::mem::take(&mut self.pending_ws));
                 push_text(out, &buf);
@@ -310,9 +312,11 @@ mod tests {
     use serde_json::json;
 
     fn run(t: &str) -> Vec<Piece> {
-        let tools = vec![json!({"type": "function", "function": {"name": "get_weather",
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {
-                "city": {"type": "string"}, "days": {"type": "integer"}}}}})];
+                "city": {"type": "string"}, "days": {"type": "integer"}}}}}),
+        ];
         parse_all_splits(&|| Box::new(QwenParser::new(&tools)), t)
     }
 
@@ -354,7 +358,8 @@ mod tests {
 
     #[test]
     fn unterminated_but_complete_json_is_a_call() {
-        let out = run("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}");
+        let out =
+            run("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}");
         assert_eq!(out, vec![call("get_weather", r#"{"city":"Oslo"}"#)]);
     }
 
@@ -375,7 +380,8 @@ mod tests {
             vec![call("get_weather", r#"{"city":"New York","days":3}"#)]
         );
         // Without the `<tool_call>` wrapper, and a string that looks like a number.
-        let out = run("Sure.\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>");
+        let out =
+            run("Sure.\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>");
         assert_eq!(
             out,
             vec![text("Sure."), call("get_weather", r#"{"city":"42"}"#)]
