@@ -217,6 +217,16 @@ impl Device {
         }
     }
 
+    /// Whether this device can look up rows of `weight` (`get_rows`) where it lies.
+    pub fn supports_get_rows(&self, weight: Tensor<'_>) -> bool {
+        let Ok(ctx) = Context::new(2, 0) else {
+            return false;
+        };
+        let ids = ctx.new_tensor(DType::I32, &[8]);
+        let op = ctx.get_rows(weight, ids);
+        self.supports_op(op)
+    }
+
     /// Whether `tensor`'s op can run on this device.
     pub fn supports_op(&self, tensor: Tensor<'_>) -> bool {
         // SAFETY: live device and tensor.

@@ -2,8 +2,10 @@
 //!
 //! On the CPU, weights stay in the file mapping (no copy) except matmul weights
 //! that the CPU's repacked buffer types accept: those are copied once into the
-//! faster layout. On a GPU, weights are uploaded to device memory (never repacked);
-//! the token embedding stays in host memory (only its looked-up rows travel). With
+//! faster layout. On a GPU, weights are uploaded to device memory (never repacked),
+//! the token embedding too when the device can look up rows of its type: llama.cpp
+//! keeps it in host memory to save device memory, but then every step starts with a
+//! CPU graph split and a copy (measured on an H200: see bench/README.md). With
 //! partial offload ([`Offload::Layers`]) the remaining layers follow the CPU rules.
 
 use std::sync::Arc;
@@ -123,7 +125,7 @@ pub struct Embeddings {
 /// Which weights a non-CPU device gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Offload {
-    /// The whole model (the token embedding still stays in host memory).
+    /// The whole model.
     #[default]
     All,
     /// The last `n` transformer blocks (`blk.<i>.*`), like llama.cpp's
@@ -267,6 +269,9 @@ impl Weights {
                     .iter()
                     .copied()
                     .find(|&b| cpu.supports_mul_mat_in(b, t)),
+                (true, WeightUse::Rows) if device.supports_get_rows(t) => {
+                    Some(device.buffer_type())
+                }
                 (false, _) | (true, WeightUse::Rows) => None,
                 (true, _) => Some(device.buffer_type()),
             };
