@@ -3,12 +3,11 @@
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::Args;
 use serde_json::{json, Value};
-use tempo9_engine::sampler::SamplingParams;
-use tempo9_engine::{Engine, GenRequest};
-use tempo9_tokenizer::{ChatTemplate, StreamDecoder, Tokenizer};
+use tempo9_engine::{EngineCore, Event, Request, SamplingParams};
+use tempo9_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::ModelArgs;
 
@@ -43,7 +42,7 @@ pub struct RunArgs {
 }
 
 struct Session {
-    engine: Engine,
+    engine: EngineCore,
     tok: Arc<Tokenizer>,
     template: ChatTemplate,
     sampling: SamplingParams,
@@ -53,57 +52,43 @@ struct Session {
 impl Session {
     /// Generates from `prompt_ids`, streaming text to stdout; returns the text.
     fn answer(&mut self, prompt_ids: Vec<u32>) -> Result<String> {
-        let ctx = self.engine.max_seq_tokens();
-        if prompt_ids.len() >= ctx {
-            bail!(
-                "prompt has {} tokens, the KV cache holds {ctx} (raise --kv-tokens)",
-                prompt_ids.len()
-            );
-        }
-        let max_tokens = self.max_tokens.min(ctx - prompt_ids.len());
-        let req = GenRequest {
-            prompt: prompt_ids,
-            max_tokens,
-            sampling: self.sampling.clone(),
-            stop_at_eog: true,
-            top_logprobs: 0,
-            banned_tokens: Vec::new(),
-        };
-        let tok = self.tok.clone();
-        let mut dec = StreamDecoder::new(&tok, true);
+        let n_prompt = prompt_ids.len();
+        let mut req = Request::new(prompt_ids, self.max_tokens);
+        req.sampling = self.sampling.clone();
+        let mut stream = self.engine.submit(req)?;
         let mut text = String::new();
         let mut out = std::io::stdout().lock();
         let t0 = std::time::Instant::now();
         let mut first: Option<std::time::Duration> = None;
-        let n_prompt = req.prompt.len();
-        let res = self.engine.generate(
-            std::slice::from_ref(&req),
-            &|t| tok.is_eog(t),
-            &mut |_, t| {
-                first.get_or_insert_with(|| t0.elapsed());
-                if tok.is_eog(t) {
-                    return true;
+        let finish = 'run: loop {
+            self.engine.step()?;
+            while let Some(ev) = stream.try_recv() {
+                match ev {
+                    Event::Token(t) => {
+                        first.get_or_insert_with(|| t0.elapsed());
+                        text.push_str(&t.text);
+                        // A closed stdout (e.g. `| head`) ends generation instead of failing.
+                        if out
+                            .write_all(t.text.as_bytes())
+                            .and_then(|_| out.flush())
+                            .is_err()
+                        {
+                            stream.cancel();
+                        }
+                    }
+                    Event::Finished(f) => break 'run f,
                 }
-                let piece = dec.push(&tok, t);
-                text.push_str(&piece);
-                // A closed stdout (e.g. `| head`) ends generation instead of failing.
-                out.write_all(piece.as_bytes())
-                    .and_then(|_| out.flush())
-                    .is_ok()
-            },
-        )?;
-        let rest = dec.finish(&tok);
-        text.push_str(&rest);
-        let _ = write!(out, "{rest}");
-        let _ = out.flush();
-        let n_gen = res[0].tokens.len();
+            }
+        };
+        let n_gen = finish.usage.completion_tokens;
         let ttft = first.unwrap_or_default();
         let gen_s = (t0.elapsed() - ttft).as_secs_f64();
         eprintln!(
-            "\n[prompt {n_prompt} tok, {:.1} tok/s | generated {n_gen} tok, {:.1} tok/s | {:?}]",
+            "\n[prompt {n_prompt} tok ({} cached), {:.1} tok/s | generated {n_gen} tok, {:.1} tok/s | {:?}]",
+            finish.usage.cached_tokens,
             n_prompt as f64 / ttft.as_secs_f64().max(1e-9),
             (n_gen.saturating_sub(1)) as f64 / gen_s.max(1e-9),
-            res[0].finish,
+            finish.reason,
         );
         Ok(text)
     }
@@ -115,7 +100,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
     let template =
         ChatTemplate::for_model(model.gguf(), &tok).context("reading the chat template")?;
-    let engine = Engine::new(model, a.model.engine_config())?;
+    let engine = EngineCore::new(model, tok.clone(), a.model.engine_config()?)?;
     let sampling = SamplingParams {
         temperature: a.temperature,
         top_p: a.top_p,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use tempo9_engine::{default_threads, EngineConfig};
+use tempo9_engine::{default_threads, EngineConfig, Policy};
 use tempo9_ggml::Device;
 use tempo9_models::{LoadOptions, Model};
 
@@ -40,21 +40,65 @@ pub struct ModelArgs {
     /// CPU threads for compute (default: all available cores).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// KV cache capacity in tokens, summed over concurrent sequences.
-    #[arg(long, value_name = "TOKENS", default_value_t = 8192)]
-    pub kv_tokens: usize,
+    /// Per-request context limit in tokens, prompt plus output (default: the
+    /// model's trained context). Reserves no memory.
+    #[arg(long, value_name = "TOKENS")]
+    pub ctx: Option<usize>,
+    /// KV cache memory for all requests together, e.g. `2G`, `512M` (default: a
+    /// quarter of system memory). On the CPU it is committed only as tokens arrive.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub kv_budget: Option<usize>,
+    /// Tokens per KV page (16, 32, 64, 128 or 256); the prefix cache shares whole pages.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub kv_page_tokens: usize,
+    /// Most tokens computed in one step; long prompts are prefilled in chunks of
+    /// this size while other requests keep decoding.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub step_tokens: usize,
+    /// Most requests running at once (more wait in the queue).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_running: usize,
+    /// Scheduling policy: `fcfs` or `priority` (lower request priority first).
+    #[arg(long, value_name = "NAME", default_value = "fcfs", value_parser = parse_policy)]
+    pub policy: Policy,
+}
+
+/// Parses a byte size with an optional binary suffix: `1048576`, `512M`, `2G`, `1.5GiB`.
+fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("not a size: {s}"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => return Err(format!("unknown size unit '{u}' in {s}")),
+    };
+    Ok((n * mult as f64) as usize)
+}
+
+fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
+    Policy::parse(s).ok_or_else(|| format!("unknown policy '{s}' (fcfs, priority)"))
 }
 
 impl ModelArgs {
     /// Engine settings from the flags.
-    pub fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        Ok(EngineConfig {
             threads: self.threads.unwrap_or_else(default_threads),
-            kv_cells: self.kv_tokens.max(1),
-            // One conversation at a time: it gets the whole cache.
-            max_seqs: 1,
+            kv_budget_bytes: self.kv_budget,
+            page_tokens: self.kv_page_tokens,
+            max_running: self.max_running,
+            step_tokens: self.step_tokens,
+            max_context: self.ctx,
+            policy: self.policy,
             ..EngineConfig::default()
-        }
+        })
     }
 }
 

@@ -1,11 +1,26 @@
-//! Tempo9's inference engine: KV cell management, sampling and the generation loop
-//! over a [`tempo9_models::Model`].
+//! Tempo9's inference engine: paged KV cache with a global prefix cache,
+//! continuous batching with chunked prefill, sampling, and the request API.
+//!
+//! Embed it in-process with [`Engine::start`] (a thread owning the model and the
+//! cache) and [`EngineHandle::submit`]; [`EngineCore`] is the same engine stepped
+//! by the caller.
 
-pub mod generate;
-pub mod kv;
+mod core;
+mod handle;
 pub mod pages;
+pub mod request;
 pub mod sampler;
+pub mod scheduler;
+mod stop;
 
-pub use generate::{
-    default_threads, Engine, EngineConfig, EngineError, FinishReason, GenOutput, GenRequest,
+pub use crate::core::{
+    default_threads, EngineConfig, EngineCore, EngineError, EngineStats, RequestStream,
+    SubmitError, KV_WINDOW_PAD,
 };
+pub use handle::{Engine, EngineHandle};
+pub use request::{
+    Event, Finish, FinishReason, Request, RequestId, StopConditions, TokenConstraint,
+    TokenEvent, TokenMask, Usage,
+};
+pub use sampler::SamplingParams;
+pub use scheduler::Policy;

@@ -203,6 +203,8 @@ struct Store {
     lru_tail: PageId,
     n_cached: usize,
     n_registered: usize,
+    /// Position of each page in `free`, or `NIL` when not free.
+    free_pos: Vec<PageId>,
     /// Hash -> first page of its bucket; buckets chain through `Page::hash_next`.
     index: HashMap<u64, PageId>,
     evicted: u64,
@@ -334,18 +336,79 @@ impl Store {
             stack.extend(entry.children);
             if self.page(p).refs == 0 {
                 self.lru_remove(p);
-                self.free.push(p);
+                self.free_push(p);
                 self.evicted += 1;
             }
         }
     }
 
     /// A free page, evicting the least recently used cached page if none is free.
-    fn take_page(&mut self) -> Option<PageId> {
+    ///
+    /// Prefers `after + 1`, so a sequence's pages form long runs of consecutive
+    /// pages: the model reads a one-run window in place and copies the runs of a
+    /// scattered one. Otherwise a new run starts where it has the most room to grow.
+    fn take_page(&mut self, after: Option<PageId>) -> Option<PageId> {
+        if let Some(next) = after.and_then(|p| p.checked_add(1)) {
+            if self.is_free(next) {
+                self.free_remove(next);
+                return Some(next);
+            }
+        }
         if self.free.is_empty() && self.lru_head != NIL {
             self.uncache_subtree(self.lru_head);
         }
-        self.free.pop()
+        let p = self.roomiest_free_page()?;
+        self.free_remove(p);
+        Some(p)
+    }
+
+    fn is_free(&self, p: PageId) -> bool {
+        self.free_pos.get(p as usize).is_some_and(|&i| i != NIL)
+    }
+
+    fn free_push(&mut self, p: PageId) {
+        self.free_pos[p as usize] = self.free.len() as PageId;
+        self.free.push(p);
+    }
+
+    fn free_remove(&mut self, p: PageId) {
+        let i = std::mem::replace(&mut self.free_pos[p as usize], NIL) as usize;
+        self.free.swap_remove(i);
+        if let Some(&moved) = self.free.get(i) {
+            self.free_pos[moved as usize] = i as PageId;
+        }
+    }
+
+    /// Where a new run of pages should start: in the longest stretch of free pages,
+    /// at its start when nothing precedes it, else in its middle, leaving the first
+    /// half to the run that ends just before (it may still grow). O(pages); called
+    /// only when a sequence cannot continue its current run.
+    fn roomiest_free_page(&self) -> Option<PageId> {
+        if self.free.is_empty() {
+            return None;
+        }
+        let n = self.pages.len();
+        let (mut best_start, mut best_len) = (0, 0);
+        let mut i = 0;
+        while i < n {
+            if !self.is_free(i as PageId) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < n && self.is_free(i as PageId) {
+                i += 1;
+            }
+            if i - start > best_len {
+                (best_start, best_len) = (start, i - start);
+            }
+        }
+        let p = if best_start == 0 {
+            0
+        } else {
+            best_start + best_len / 2
+        };
+        Some(p as PageId)
     }
 
     fn acquire(&mut self, p: PageId) {
@@ -362,7 +425,7 @@ impl Store {
             if pg.entry.is_some() {
                 self.lru_push_back(p);
             } else {
-                self.free.push(p);
+                self.free_push(p);
             }
         }
     }
@@ -437,8 +500,8 @@ impl PagePool {
                 page_size,
                 hasher,
                 pages,
-                // Reversed so pages are handed out from 0 up.
-                free: (0..n_pages as PageId).rev().collect(),
+                free: (0..n_pages as PageId).collect(),
+                free_pos: (0..n_pages as PageId).collect(),
                 lru_head: NIL,
                 lru_tail: NIL,
                 n_cached: 0,
@@ -638,7 +701,10 @@ impl PagePool {
         }
         for _ in 0..needed {
             // Eviction frees at least the evicted page, so `available` pages exist.
-            let p = self.store.take_page().expect("counted as available");
+            let p = self
+                .store
+                .take_page(s.pages.last().copied())
+                .expect("counted as available");
             self.store.page_mut(p).refs = 1;
             s.pages.push(p);
         }
@@ -788,6 +854,16 @@ impl PagePool {
                 "free page {p} is referenced or registered"
             );
         }
+        for (i, &p) in st.free.iter().enumerate() {
+            ensure!(
+                st.free_pos[p as usize] as usize == i,
+                "free page {p}: position index is stale"
+            );
+        }
+        ensure!(
+            st.free_pos.iter().filter(|&&i| i != NIL).count() == st.free.len(),
+            "position index lists pages that are not free"
+        );
         let (mut prev, mut p, mut n_lru) = (NIL, st.lru_head, 0);
         while p != NIL {
             ensure!((p as usize) < n, "LRU page {p} out of range");

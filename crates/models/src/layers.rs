@@ -5,7 +5,7 @@ use tempo9_ggml::{Context, DType, Graph, Tensor};
 
 use crate::kv::KvStore;
 use crate::weights::{WeightId, Weights};
-use crate::HParams;
+use crate::{CellRun, HParams};
 
 /// Graph inputs of one step (filled after allocation from the `StepBatch`).
 pub(crate) struct Inputs<'a> {
@@ -21,8 +21,7 @@ pub(crate) struct Inputs<'a> {
 pub(crate) struct SeqInputs<'a> {
     pub row_start: usize,
     pub n_rows: usize,
-    pub kv_start: usize,
-    pub n_kv: usize,
+    pub window: Vec<CellRun>,
     pub mask: Tensor<'a>,
     pub mask_swa: Option<Tensor<'a>>,
 }
@@ -35,6 +34,17 @@ pub(crate) struct Builder<'a> {
     pub kv: &'a KvStore,
     pub hp: &'a HParams,
     pub inp: Inputs<'a>,
+    /// Whether the graph runs on the CPU backend (whose kernels some grouping
+    /// choices below are about).
+    pub cpu: bool,
+}
+
+/// Weight types whose CPU matmul goes through llamafile's tinyBLAS when several rows
+/// multiply at once: its tiles (and so its rounding) depend on the row count.
+/// Other types use one dot product per output, the same for any row count.
+fn batch_variant_on_cpu(t: DType) -> bool {
+    // F32, F16, Q4_0, Q5_0, Q8_0, IQ4_NL, BF16 (ggml type ids).
+    matches!(t.raw(), 0 | 1 | 2 | 6 | 8 | 20 | 30)
 }
 
 impl<'a> Builder<'a> {
@@ -63,11 +73,12 @@ impl<'a> Builder<'a> {
     /// ggml's CPU matmuls choose kernels and tiles by row count, and some round
     /// differently (repacked weights: gemm for row groups of four, gemv for the rest).
     /// Prompt chunks multiply on their own; single-row decodes multiply together,
-    /// except on repacked weights (a small share of the bytes), where each row goes
-    /// alone.
+    /// except on weights whose CPU kernel depends on the row count (repacked
+    /// layouts, tinyBLAS types), where each row goes alone.
     pub fn linear(&self, w: WeightId, x: Tensor<'a>, b: Option<WeightId>) -> Tensor<'a> {
         let n_rows = x.ne()[1] as usize;
-        let repacked = self.w.is_repacked(w);
+        let repacked = self.w.is_repacked(w)
+            || (self.cpu && batch_variant_on_cpu(self.wt(w).dtype()));
         // Row ranges: per sequence on all tokens, or (after `select_outputs`) one
         // output row per sequence.
         let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {
@@ -144,33 +155,20 @@ impl<'a> Builder<'a> {
         let v_all = ctx.set_rows(self.kv.v(il), v_rows, self.inp.slots);
         self.graph.expand(k_all);
         self.graph.expand(v_all);
-        let f16 = DType::F16;
-        let (k_row, v_row) = (
-            f16.row_size(hp.n_embd_k() as i64),
-            f16.row_size(hp.n_embd_v() as i64),
-        );
         let q_nb = q.nb();
         let mut out: Option<Tensor<'a>> = None;
         for s in &self.inp.seqs {
-            let (rows, n_kv) = (s.n_rows as i64, s.n_kv as i64);
+            let rows = s.n_rows as i64;
             let qs = ctx.view(
                 q,
                 &[hp.head_dim as i64, hp.n_head as i64, rows],
                 &[q_nb[1], q_nb[2]],
                 s.row_start * q_nb[2],
             );
-            let ks = ctx.view(
-                k_all,
-                &[hp.head_dim as i64, hp.n_head_kv as i64, n_kv],
-                &[f16.row_size(hp.head_dim as i64), k_row],
-                s.kv_start * k_row,
-            );
-            let vs = ctx.view(
-                v_all,
-                &[hp.head_dim_v as i64, hp.n_head_kv as i64, n_kv],
-                &[f16.row_size(hp.head_dim_v as i64), v_row],
-                s.kv_start * v_row,
-            );
+            let ks = self.window(k_all, &s.window);
+            let vs = self.window(v_all, &s.window);
+            let ks = ctx.reshape(ks, &[hp.head_dim as i64, hp.n_head_kv as i64, ks.ne()[1]]);
+            let vs = ctx.reshape(vs, &[hp.head_dim_v as i64, hp.n_head_kv as i64, vs.ne()[1]]);
             let mask = match (hp.is_swa[il], s.mask_swa) {
                 (true, Some(m)) => m,
                 _ => s.mask,
@@ -186,6 +184,29 @@ impl<'a> Builder<'a> {
         }
         let out = out.expect("a step has at least one sequence");
         ctx.reshape(out, &[(hp.n_head * hp.head_dim_v) as i64, n_t])
+    }
+
+    /// A sequence's attention window `[row, n_kv]` over a pool `[row, n_cells]`: a
+    /// view when it is one run of cells, else the runs copied end to end (pairwise,
+    /// so each cell is copied O(log runs) times).
+    fn window(&self, pool: Tensor<'a>, runs: &[CellRun]) -> Tensor<'a> {
+        let ctx = self.ctx;
+        let (row, nb1) = (pool.ne()[0], pool.nb()[1]);
+        let mut parts: Vec<Tensor<'a>> = runs
+            .iter()
+            .map(|r| ctx.view(pool, &[row, r.len as i64], &[nb1], r.start * nb1))
+            .collect();
+        while parts.len() > 1 {
+            parts = parts
+                .chunks(2)
+                .map(|p| match p {
+                    [a, b] => ctx.concat(*a, *b, 1),
+                    [a] => *a,
+                    _ => unreachable!("chunks of two"),
+                })
+                .collect();
+        }
+        parts.pop().expect("a window has at least one run")
     }
 
     /// Keeps only the rows whose logits are wanted (applied in the last layer, where

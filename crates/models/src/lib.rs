@@ -80,21 +80,41 @@ pub struct StepBatch {
     pub output_rows: Vec<i32>,
 }
 
+/// A run of consecutive KV cells: `start..start + len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CellRun {
+    /// First cell.
+    pub start: usize,
+    /// Number of cells.
+    pub len: usize,
+}
+
 /// One sequence's part of a [`StepBatch`].
+///
+/// The sequence attends over a window of KV cells made of `window` runs laid end to
+/// end (a paged cache gives one run per stretch of consecutive pages). A window of
+/// one run is read in place; several runs are first copied into one contiguous
+/// window, so the attention arithmetic is the same wherever the pages lie.
 #[derive(Debug, Clone, Default)]
 pub struct SeqSpan {
     /// First token row of the sequence in the batch.
     pub row_start: usize,
     /// Number of token rows.
     pub n_rows: usize,
-    /// First KV cell of the sequence's attention window.
-    pub kv_start: usize,
-    /// Cells in the window (`kv_start..kv_start + n_kv`).
-    pub n_kv: usize,
-    /// Full-attention mask, `[n_kv, n_rows]` F16 bits (see [`MaskBuilder`]).
+    /// The attention window: cell runs, in window order.
+    pub window: Vec<CellRun>,
+    /// Full-attention mask, `[n_kv, n_rows]` F16 bits (see [`MaskBuilder`]), where
+    /// `n_kv` is the window's total length.
     pub mask: Vec<u16>,
     /// Sliding-window mask of the same shape, for models with sliding-window layers.
     pub mask_swa: Option<Vec<u16>>,
+}
+
+impl SeqSpan {
+    /// Cells in the attention window.
+    pub fn n_kv(&self) -> usize {
+        self.window.iter().map(|r| r.len).sum()
+    }
 }
 
 enum Graphs {
@@ -130,7 +150,9 @@ impl Executor {
     }
 }
 
-const MAX_NODES: usize = 16384;
+/// Graph size limit: per-sequence attention makes graphs grow with the number of
+/// sequences in a step (≈ 30 layers × 64 sequences × 20 ops).
+const MAX_NODES: usize = 1 << 17;
 
 /// Options for loading a model.
 pub struct LoadOptions<'p> {
@@ -245,15 +267,23 @@ impl Model {
                 return bad("sequence spans must cover the tokens in order".into());
             }
             next_row += s.n_rows;
-            if s.n_kv == 0 || s.kv_start + s.n_kv > kv.n_cells() {
+            if let Some(r) = s
+                .window
+                .iter()
+                .find(|r| r.len == 0 || r.start + r.len > kv.n_cells())
+            {
                 return bad(format!(
-                    "KV window {}+{} outside 0..{}",
-                    s.kv_start,
-                    s.n_kv,
+                    "KV run {}+{} empty or outside 0..{}",
+                    r.start,
+                    r.len,
                     kv.n_cells()
                 ));
             }
-            let want = s.n_kv * s.n_rows;
+            let n_kv = s.n_kv();
+            if n_kv == 0 {
+                return bad("empty KV window".into());
+            }
+            let want = n_kv * s.n_rows;
             if s.mask.len() != want || s.mask_swa.as_ref().is_some_and(|m| m.len() != want) {
                 return bad("mask size is not n_kv * n_rows".into());
             }
@@ -285,10 +315,23 @@ impl Model {
         let n_out = batch.output_rows.len();
         // Size the per-step arena to this graph (a fixed worst case would cost a large
         // allocation and page faults on every decode step).
-        let nodes = (256 + self.hp.n_layer * (64 + 16 * batch.seqs.len())).min(MAX_NODES);
+        // Per layer: fixed ops plus, per sequence, attention ops and the K and V
+        // window (a view and a copy per run).
+        let per_layer: usize = 64
+            + batch
+                .seqs
+                .iter()
+                .map(|s| 16 + 6 * s.window.len())
+                .sum::<usize>();
+        let nodes = 256 + self.hp.n_layer * per_layer;
+        if nodes > MAX_NODES {
+            return Err(ModelError::BadBatch(format!(
+                "step needs ~{nodes} graph nodes, more than {MAX_NODES}: fewer sequences or pages per step"
+            )));
+        }
         let ctx = Context::new(nodes * 2, nodes)?;
         let mask_input = |name: &str, s: &SeqSpan| {
-            ctx.new_input(name, DType::F16, &[s.n_kv as i64, s.n_rows as i64])
+            ctx.new_input(name, DType::F16, &[s.n_kv() as i64, s.n_rows as i64])
         };
         let inp = Inputs {
             tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
@@ -300,8 +343,7 @@ impl Model {
                 .map(|s| SeqInputs {
                     row_start: s.row_start,
                     n_rows: s.n_rows,
-                    kv_start: s.kv_start,
-                    n_kv: s.n_kv,
+                    window: s.window.clone(),
                     mask: mask_input("inp_mask", s),
                     mask_swa: s.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", s)),
                 })
@@ -317,6 +359,7 @@ impl Model {
             kv,
             hp: &self.hp,
             inp,
+            cpu: self.device.kind() == DeviceKind::Cpu,
         };
         let logits: Tensor<'_> = match &self.graphs {
             Graphs::Llama(g) => g.build(&mut b),

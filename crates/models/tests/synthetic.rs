@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tempo9_ggml::Device;
 use tempo9_gguf::GgufFile;
-use tempo9_models::{LoadOptions, MaskBuilder, Model, ModelError, SeqSpan, StepBatch};
+use tempo9_models::{CellRun, LoadOptions, MaskBuilder, Model, ModelError, SeqSpan, StepBatch};
 
 const E: usize = 64;
 const LAYERS: usize = 2;
@@ -151,27 +151,39 @@ fn load(bytes: Vec<u8>) -> Result<Model, ModelError> {
     Model::from_gguf(f, LoadOptions::new(Device::cpu()))
 }
 
-/// One step over `seqs` (token lists), sequence i's token j in cell `base[i] + j`;
-/// returns the logits of every token.
+/// One step over `seqs` (token lists), sequence i's token j in cell `base[i] + j`
+/// of a 16-cell window; returns the logits of every token.
 fn step(model: &Model, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
+    let windows: Vec<Vec<CellRun>> = base
+        .iter()
+        .map(|&start| vec![CellRun { start, len: 16 }])
+        .collect();
+    step_windows(model, seqs, &windows)
+}
+
+/// One step over `seqs`, sequence i's window made of the cell runs `windows[i]`
+/// (token j in the window's cell j).
+fn step_windows(model: &Model, seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> Vec<Vec<f32>> {
     let kv = model.new_kv(64).unwrap();
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
     let mut b = StepBatch::default();
     for (s, toks) in seqs.iter().enumerate() {
-        let n_kv = 16;
-        let mut mask = MaskBuilder::new(n_kv, toks.len());
+        let cells: Vec<usize> = windows[s]
+            .iter()
+            .flat_map(|r| r.start..r.start + r.len)
+            .collect();
+        let mut mask = MaskBuilder::new(cells.len(), toks.len());
         let row_start = b.tokens.len();
         for (j, &t) in toks.iter().enumerate() {
             b.tokens.push(t);
             b.positions.push(j as i32);
-            b.kv_slots.push((base[s] + j) as i64);
+            b.kv_slots.push(cells[j] as i64);
             mask.allow_prefix(j, j as i32, None);
         }
         b.seqs.push(SeqSpan {
             row_start,
             n_rows: toks.len(),
-            kv_start: base[s],
-            n_kv,
+            window: windows[s].clone(),
             mask: mask.into_data(),
             mask_swa: None,
         });
@@ -179,6 +191,22 @@ fn step(model: &Model, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
     b.output_rows = (0..b.tokens.len() as i32).collect();
     let l = model.forward(&mut exec, &kv, &b).unwrap();
     l.chunks(VOCAB).map(|c| c.to_vec()).collect()
+}
+
+/// A window scattered over several runs of cells (a paged cache) computes exactly
+/// what one contiguous window does.
+#[test]
+fn scattered_window_equals_contiguous() {
+    let model = load(tiny_llama(|_| {}, None)).expect("load");
+    let a: &[u32] = &[1, 5, 9, 13, 2, 8, 8, 3, 4, 11];
+    let contiguous = step(&model, &[a], &[0]);
+    let run = |start, len| CellRun { start, len };
+    let scattered = step_windows(
+        &model,
+        &[a],
+        &[vec![run(40, 4), run(8, 4), run(60, 2), run(20, 6)]],
+    );
+    assert_eq!(contiguous, scattered, "logits depend on where the cells lie");
 }
 
 #[test]

@@ -62,3 +62,58 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().expect("id") as u32)
         .collect()
 }
+
+/// What one request produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    pub finish: tempo9_engine::Finish,
+}
+
+/// Collects a finished stream's events.
+pub fn collect(stream: &mut tempo9_engine::RequestStream) -> Output {
+    let mut out = Output {
+        tokens: Vec::new(),
+        text: String::new(),
+        top_logprobs: Vec::new(),
+        finish: tempo9_engine::Finish {
+            reason: tempo9_engine::FinishReason::Error("no finish event".into()),
+            usage: Default::default(),
+        },
+    };
+    while let Some(ev) = stream.try_recv() {
+        match ev {
+            tempo9_engine::Event::Token(t) => {
+                out.tokens.push(t.id);
+                out.text.push_str(&t.text);
+                out.top_logprobs.push(t.top_logprobs);
+            }
+            tempo9_engine::Event::Finished(f) => {
+                out.finish = f;
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Submits `reqs` together and runs the engine until all are done.
+pub fn run_batch(
+    core: &mut tempo9_engine::EngineCore,
+    reqs: Vec<tempo9_engine::Request>,
+) -> Vec<Output> {
+    let mut streams: Vec<_> = reqs
+        .into_iter()
+        .map(|r| core.submit(r).expect("submit"))
+        .collect();
+    core.run_until_idle().expect("engine step");
+    core.check_invariants().expect("invariants");
+    streams.iter_mut().map(collect).collect()
+}
+
+/// The tokenizer of a loaded model.
+pub fn tokenizer(model: &Model) -> Arc<tempo9_tokenizer::Tokenizer> {
+    Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(model.gguf()).expect("tokenizer"))
+}

@@ -1,0 +1,1008 @@
+//! The engine core: requests, the paged KV cache and the step loop, driven by one
+//! thread (see [`crate::Engine`] for the threaded wrapper).
+//!
+//! Every [`EngineCore::step`] runs one model forward over a batch assembled from all
+//! running requests (continuous batching): decodes first, then prompt chunks, up to
+//! a token budget, so a long prompt is prefilled in chunks while other streams keep
+//! decoding. KV memory is a pool of pages taken as tokens arrive ([`PagePool`]);
+//! full pages are shared through the global prefix cache. When pages run out,
+//! cached pages are evicted first, then the lowest-ranked running request is
+//! preempted (its KV is dropped and recomputed when it is admitted again).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tempo9_models::{
+    CellRun, Executor, KvStore, MaskBuilder, Model, ModelError, SeqSpan, StepBatch,
+};
+use tempo9_tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::pages::PagePool;
+use crate::request::{
+    Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenEvent, TokenMask,
+    Usage,
+};
+use crate::sampler::{log_softmax_top, Sampler};
+use crate::scheduler::{Policy, Rank};
+use crate::stop::TextStream;
+
+/// Granularity of a sequence's attention window (cells). llama.cpp pads the same
+/// way, and ggml's CPU flash attention picks its kernel (and so its rounding) by
+/// window length, so equal padding gives llama.cpp's numbers, and a sequence's
+/// numbers do not depend on how its pages are laid out.
+pub const KV_WINDOW_PAD: usize = 256;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// CPU threads for compute.
+    pub threads: usize,
+    /// Bytes of KV memory for all requests together; `None` = a quarter of the
+    /// system's memory. On the CPU, host memory is committed only as pages are first
+    /// written, so the budget is a ceiling, not a start-up cost.
+    pub kv_budget_bytes: Option<usize>,
+    /// Tokens per KV page (16, 32, 64, 128 or 256): the prefix cache shares whole
+    /// pages.
+    pub page_tokens: usize,
+    /// Most requests running (holding KV) at once.
+    pub max_running: usize,
+    /// Most requests waiting to be admitted; more are refused with
+    /// [`SubmitError::QueueFull`].
+    pub max_waiting: usize,
+    /// Most tokens in one step (decodes plus prompt chunks).
+    pub step_tokens: usize,
+    /// Per-request limit on prompt plus output tokens; `None` = the model's trained
+    /// context length. Costs no memory up front.
+    pub max_context: Option<usize>,
+    /// Which requests go first.
+    pub policy: Policy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: default_threads(),
+            kv_budget_bytes: None,
+            page_tokens: 64,
+            max_running: 64,
+            max_waiting: 1024,
+            step_tokens: 512,
+            max_context: None,
+            policy: Policy::Fcfs,
+        }
+    }
+}
+
+/// Physical cores are what matter for ggml's CPU kernels; use what the OS offers.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
+/// A quarter of the machine's memory (4 GiB when it cannot be read).
+fn default_kv_budget() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<usize>().ok())
+        })
+        .map(|kib| kib * 1024);
+    total.map_or(4 << 30, |t| t / 4)
+}
+
+/// Errors creating or running the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The settings cannot work.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+}
+
+/// Why a request was refused at submission.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Too many requests are waiting.
+    #[error("server busy: {waiting} requests already waiting")]
+    QueueFull {
+        /// Requests waiting.
+        waiting: usize,
+    },
+    /// The prompt leaves no room for output within the context limit.
+    #[error("prompt of {prompt_tokens} tokens exceeds the context limit of {max_context} tokens")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// The limit (prompt + output).
+        max_context: usize,
+    },
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    /// The engine has shut down.
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    /// Requests waiting for admission.
+    pub waiting: usize,
+    /// Requests holding KV and computing.
+    pub running: usize,
+    /// KV pages in the pool.
+    pub kv_pages_total: usize,
+    /// Pages held by running requests.
+    pub kv_pages_used: usize,
+    /// Unreferenced pages kept for the prefix cache (evictable).
+    pub kv_pages_cached: usize,
+    /// Pages never written or released without being cached.
+    pub kv_pages_free: usize,
+    /// Tokens per page.
+    pub page_tokens: usize,
+    /// Bytes of one page (all layers, K and V).
+    pub page_bytes: usize,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_query_tokens: u64,
+    /// Of those, tokens found cached.
+    pub prefix_hit_tokens: u64,
+    /// Cached pages evicted to make room.
+    pub evicted_pages: u64,
+    /// Prompt tokens of all admitted requests.
+    pub prompt_tokens_total: u64,
+    /// Tokens generated.
+    pub generated_tokens_total: u64,
+    /// Requests preempted.
+    pub preemptions_total: u64,
+    /// Model steps run.
+    pub steps_total: u64,
+    /// Tokens computed by model steps (prompt chunks and decodes).
+    pub computed_tokens_total: u64,
+}
+
+/// The stream of events of one submitted request. Dropping it cancels the request.
+pub struct RequestStream {
+    id: RequestId,
+    rx: mpsc::UnboundedReceiver<Event>,
+    cancel: Arc<AtomicBool>,
+    wake: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl RequestStream {
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event; `None` after [`Event::Finished`].
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// The next event, blocking the thread (not for async contexts).
+    pub fn blocking_recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+
+    /// The next event if one is ready.
+    pub fn try_recv(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Asks the engine to stop the request; it ends with
+    /// [`FinishReason::Cancelled`] and frees its pages at the next step.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        if let Some(w) = &self.wake {
+            w();
+        }
+    }
+
+    pub(crate) fn set_wake(&mut self, wake: Arc<dyn Fn() + Send + Sync>) {
+        self.wake = Some(wake);
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// Checks a request against the engine's fixed limits; shared by the core and the
+/// threaded handle (which refuses bad requests before they reach the engine thread).
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    pub n_vocab: usize,
+    pub max_context: usize,
+    pub max_waiting: usize,
+    /// Most tokens the whole pool can hold for one request.
+    pub pool_tokens: usize,
+}
+
+impl Limits {
+    pub fn check(&self, r: &Request, waiting: usize) -> Result<(), SubmitError> {
+        if r.prompt.is_empty() {
+            return Err(SubmitError::BadRequest("empty prompt".into()));
+        }
+        if let Some(&t) = r.prompt.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(SubmitError::BadRequest(format!(
+                "token {t} outside the vocabulary of {}",
+                self.n_vocab
+            )));
+        }
+        let limit = self.max_context.min(self.pool_tokens);
+        if r.prompt.len() >= limit {
+            return Err(SubmitError::PromptTooLong {
+                prompt_tokens: r.prompt.len(),
+                max_context: limit,
+            });
+        }
+        if waiting >= self.max_waiting {
+            return Err(SubmitError::QueueFull { waiting });
+        }
+        Ok(())
+    }
+}
+
+/// A request inside the engine.
+struct Live {
+    id: RequestId,
+    rank: Rank,
+    /// Prompt followed by generated tokens.
+    tokens: Vec<u32>,
+    /// Tokens whose KV is in the cache (0 while waiting).
+    n_computed: usize,
+    /// Prompt tokens (computed in page-sized chunks; later tokens one per step).
+    n_prompt: usize,
+    max_tokens: usize,
+    stop_eog: bool,
+    stop_ids: Vec<u32>,
+    logprobs: bool,
+    top_logprobs: usize,
+    banned: Vec<u32>,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// The constraint's mask for this step's sample.
+    mask: Option<Result<TokenMask, String>>,
+    sampler: Sampler,
+    text: TextStream,
+    tx: mpsc::UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    usage: Usage,
+    admitted_before: bool,
+}
+
+impl Live {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.tx.is_closed()
+    }
+}
+
+/// One running request's share of a step: tokens `start..end` to compute.
+#[derive(Debug, Clone)]
+struct Work {
+    id: RequestId,
+    start: usize,
+    end: usize,
+    cells: Vec<usize>,
+}
+
+/// The engine's state and step loop (single-threaded; see the module docs).
+pub struct EngineCore {
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    exec: Executor,
+    kv: KvStore,
+    pool: PagePool,
+    config: EngineConfig,
+    limits: Limits,
+    page_bytes: usize,
+    waiting: Vec<Live>,
+    running: Vec<Live>,
+    next_id: RequestId,
+    /// Requests submitted but not yet admitted (shared with the threaded handle).
+    queued: Arc<AtomicUsize>,
+    stats: EngineStats,
+}
+
+impl EngineCore {
+    /// Builds the engine over a loaded model: executor, KV pool, page table.
+    pub fn new(
+        model: Arc<Model>,
+        tok: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<EngineCore, EngineError> {
+        let hp = model.hparams();
+        let ps = config.page_tokens;
+        if !(16..=KV_WINDOW_PAD).contains(&ps) || KV_WINDOW_PAD % ps != 0 {
+            return Err(EngineError::Config(format!(
+                "page size {ps} must be 16, 32, 64, 128 or 256 tokens"
+            )));
+        }
+        if config.step_tokens == 0 || config.max_running == 0 {
+            return Err(EngineError::Config(
+                "step_tokens and max_running must be positive".into(),
+            ));
+        }
+        if config.step_tokens < ps {
+            return Err(EngineError::Config(format!(
+                "step_tokens ({}) below the page size ({ps}): a prompt chunk would never fit a step",
+                config.step_tokens
+            )));
+        }
+        if config.max_running > config.step_tokens {
+            return Err(EngineError::Config(format!(
+                "max_running ({}) above step_tokens ({}): not every running request could decode each step",
+                config.max_running, config.step_tokens
+            )));
+        }
+        // K and V rows are F16.
+        let page_bytes = ps * hp.n_layer * (hp.n_embd_k() + hp.n_embd_v()) * 2;
+        let budget = config.kv_budget_bytes.unwrap_or_else(default_kv_budget);
+        let n_pages = budget / page_bytes;
+        if n_pages * ps < KV_WINDOW_PAD {
+            return Err(EngineError::Config(format!(
+                "KV budget of {budget} bytes holds {n_pages} pages of {ps} tokens; need at least {KV_WINDOW_PAD} tokens"
+            )));
+        }
+        let max_context = config.max_context.unwrap_or(hp.n_ctx_train).max(2);
+        let exec = Executor::new(model.device(), config.threads)?;
+        let kv = model.new_kv(n_pages * ps)?;
+        tracing::info!(
+            n_pages,
+            page_tokens = ps,
+            kv_mib = (n_pages * page_bytes) >> 20,
+            max_context,
+            "KV pool reserved"
+        );
+        let limits = Limits {
+            n_vocab: hp.n_vocab,
+            max_context,
+            max_waiting: config.max_waiting,
+            pool_tokens: n_pages * ps,
+        };
+        Ok(EngineCore {
+            model,
+            tok,
+            exec,
+            kv,
+            pool: PagePool::new(n_pages, ps),
+            config,
+            limits,
+            page_bytes,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            next_id: 0,
+            queued: Arc::new(AtomicUsize::new(0)),
+            stats: EngineStats::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The tokenizer used for text deltas and end-of-generation tokens.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Per-request limit on prompt plus output tokens.
+    pub fn max_context(&self) -> usize {
+        self.limits.max_context.min(self.limits.pool_tokens)
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn queued(&self) -> Arc<AtomicUsize> {
+        self.queued.clone()
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> EngineStats {
+        let p = self.pool.stats();
+        EngineStats {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            kv_pages_total: p.n_pages,
+            kv_pages_used: p.in_use,
+            kv_pages_cached: p.cached,
+            kv_pages_free: p.free,
+            page_tokens: self.pool.page_size(),
+            page_bytes: self.page_bytes,
+            prefix_query_tokens: p.query_tokens,
+            prefix_hit_tokens: p.hit_tokens,
+            evicted_pages: p.evicted_pages,
+            ..self.stats
+        }
+    }
+
+    /// Checks the page pool's invariants (tests and debugging).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        for s in &self.running {
+            let n = self.pool.n_tokens(s.id).ok_or("running request without pages")?;
+            if n < s.n_computed {
+                return Err(format!("request {}: {n} cells for {} tokens", s.id, s.n_computed));
+            }
+        }
+        if self.waiting.iter().any(|s| self.pool.contains(s.id)) {
+            return Err("a waiting request holds pages".into());
+        }
+        Ok(())
+    }
+
+    /// Queues a request; its events arrive on the returned stream as steps run.
+    pub fn submit(&mut self, r: Request) -> Result<RequestStream, SubmitError> {
+        self.limits.check(&r, self.waiting.len())?;
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        Ok(self.enqueue(r))
+    }
+
+    /// Queues an already checked request.
+    pub(crate) fn enqueue(&mut self, r: Request) -> RequestStream {
+        self.next_id += 1;
+        let id = self.next_id;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let n_prompt = r.prompt.len();
+        let room = self.max_context() - n_prompt;
+        let mut sampler = Sampler::new(r.sampling);
+        r.prompt.iter().for_each(|&t| sampler.accept(t));
+        let live = Live {
+            id,
+            rank: Rank {
+                arrival: id,
+                priority: r.priority,
+            },
+            tokens: r.prompt,
+            n_computed: 0,
+            n_prompt,
+            max_tokens: r.max_tokens.min(room),
+            stop_eog: r.stop.eog,
+            stop_ids: r.stop.token_ids,
+            logprobs: r.logprobs,
+            top_logprobs: r.top_logprobs,
+            banned: r.banned_tokens,
+            constraint: r.constraint,
+            mask: None,
+            sampler,
+            text: TextStream::new(self.tok.clone(), &r.stop.strings),
+            tx,
+            cancel: cancel.clone(),
+            usage: Usage {
+                prompt_tokens: n_prompt,
+                ..Usage::default()
+            },
+            admitted_before: false,
+        };
+        if r.max_tokens == 0 {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let reason = if room == 0 {
+                FinishReason::ContextFull
+            } else {
+                FinishReason::Length
+            };
+            let _ = live.tx.send(Event::Finished(Finish {
+                reason,
+                usage: live.usage,
+            }));
+        } else {
+            self.waiting.push(live);
+        }
+        RequestStream {
+            id,
+            rx,
+            cancel,
+            wake: None,
+        }
+    }
+
+    /// Runs steps until no request is left.
+    pub fn run_until_idle(&mut self) -> Result<(), EngineError> {
+        while self.has_work() {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// One step: drops cancelled requests, schedules, runs the model, samples and
+    /// sends events. Returns whether there was anything to do. A model failure
+    /// ends the requests of the step with [`FinishReason::Error`] (the engine itself
+    /// stays usable) and is returned.
+    pub fn step(&mut self) -> Result<bool, EngineError> {
+        self.reap_cancelled();
+        if !self.has_work() {
+            return Ok(false);
+        }
+        self.admit();
+        let work = self.schedule();
+        if work.is_empty() {
+            return Ok(true);
+        }
+        let batch = self.assemble(&work);
+        let logits = match self.forward(&work, &batch) {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::error!(error = %msg, "model step failed");
+                for w in &work {
+                    if let Some(i) = self.running_index(w.id) {
+                        let s = self.running.remove(i);
+                        self.end(s, FinishReason::Error(msg.clone()));
+                    }
+                }
+                return Err(e.into());
+            }
+        };
+        self.stats.steps_total += 1;
+        self.stats.computed_tokens_total += batch.tokens.len() as u64;
+        self.after_step(&work, &logits);
+        Ok(true)
+    }
+
+    fn running_index(&self, id: RequestId) -> Option<usize> {
+        self.running.iter().position(|s| s.id == id)
+    }
+
+    /// Ends cancelled requests, waiting or running.
+    fn reap_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].cancelled() {
+                let s = self.waiting.remove(i);
+                if !s.admitted_before {
+                    self.queued.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.end(s, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].cancelled() {
+                let s = self.running.remove(i);
+                self.end(s, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Sends the final event and releases the request's pages (its committed full
+    /// pages stay in the prefix cache). Text still held back is dropped: the
+    /// request ends without a token of its own (cancelled, failed or out of memory).
+    fn end(&mut self, s: Live, reason: FinishReason) {
+        if self.pool.contains(s.id) {
+            self.pool.free(s.id).expect("allocated");
+        }
+        let _ = s.tx.send(Event::Finished(Finish {
+            reason,
+            usage: s.usage,
+        }));
+    }
+
+    /// Tokens that can be appended to `id` now: room in its last page plus every
+    /// free or evictable page.
+    fn room(&self, id: RequestId) -> usize {
+        let ps = self.pool.page_size();
+        let held = self.pool.n_tokens(id).unwrap_or(0);
+        let pages = self.pool.page_table(id).map_or(0, <[_]>::len);
+        pages * ps - held + self.pool.n_available() * ps
+    }
+
+    /// The next piece of work of running request `i`: while its prompt is not all
+    /// computed, the prompt up to the next page boundary; after that one token.
+    ///
+    /// Cutting prompts at fixed page boundaries (never by the remaining budget or
+    /// where a cached prefix ends, which is a page boundary too) makes every token's
+    /// arithmetic the same whether it runs alone, batched or after a prefix hit:
+    /// ggml picks kernels by the number of rows. Tokens generated before a
+    /// preemption are recomputed one per step, as they were first computed.
+    fn next_piece(&self, i: usize) -> usize {
+        let s = &self.running[i];
+        if s.n_computed < s.n_prompt {
+            let ps = self.pool.page_size();
+            s.n_prompt.min((s.n_computed / ps + 1) * ps) - s.n_computed
+        } else {
+            1
+        }
+    }
+
+    /// Plans the step: which tokens of which running requests to compute, taking KV
+    /// cells for them; preempts and admits requests as memory allows. Requests at
+    /// the decoding stage go first, then prompt chunks, each in policy order.
+    fn schedule(&mut self) -> Vec<Work> {
+        let policy = self.config.policy;
+        let mut budget = self.config.step_tokens;
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| policy.key(self.running[i].rank));
+        let mut planned = vec![false; self.running.len()];
+        let mut preempted = vec![false; self.running.len()];
+        let mut out_of_memory = vec![false; self.running.len()];
+        let mut work: Vec<Work> = Vec::new();
+        for decode_pass in [true, false] {
+            for (k, &i) in order.iter().enumerate() {
+                loop {
+                    if preempted[i] || out_of_memory[i] {
+                        break;
+                    }
+                    let s = &self.running[i];
+                    let decoding = s.n_computed >= s.n_prompt;
+                    if decoding != decode_pass || s.n_computed == s.tokens.len() {
+                        break;
+                    }
+                    let (id, start) = (s.id, s.n_computed);
+                    let n = self.next_piece(i);
+                    if n > budget {
+                        break;
+                    }
+                    // Make room by preempting the lowest-ranked request not planned yet.
+                    while self.room(id) < n {
+                        let victim = order[k + 1..]
+                            .iter()
+                            .rev()
+                            .find(|&&j| !planned[j] && !preempted[j] && !out_of_memory[j]);
+                        match victim {
+                            Some(&j) => {
+                                preempted[j] = true;
+                                let v = self.running[j].id;
+                                self.pool.free(v).expect("running requests hold pages");
+                            }
+                            None => break,
+                        }
+                    }
+                    if self.room(id) < n {
+                        if !planned[i] {
+                            // Higher-ranked requests hold the memory: wait for them.
+                            // Nothing is ranked higher: it can never fit.
+                            let alone = order[..k].iter().all(|&j| preempted[j]);
+                            if alone && work.is_empty() {
+                                out_of_memory[i] = true;
+                            } else {
+                                preempted[i] = true;
+                            }
+                            self.pool.free(id).expect("running requests hold pages");
+                        }
+                        break;
+                    }
+                    let cells = self.pool.append_slots(id, n).expect("room was checked");
+                    work.push(Work {
+                        id,
+                        start,
+                        end: start + n,
+                        cells,
+                    });
+                    self.running[i].n_computed += n;
+                    planned[i] = true;
+                    budget -= n;
+                    if decode_pass {
+                        break;
+                    }
+                }
+            }
+        }
+        // `n_computed` ran ahead to plan several chunks; it is set for real once the
+        // step has run.
+        for w in &work {
+            let i = self.running_index(w.id).expect("planned requests run");
+            self.running[i].n_computed = self.running[i].n_computed.min(w.start);
+        }
+        // Requeue preempted requests; end those that cannot fit at all.
+        for i in (0..self.running.len()).rev() {
+            if preempted[i] {
+                let mut s = self.running.remove(i);
+                s.n_computed = 0;
+                s.usage.preemptions += 1;
+                self.stats.preemptions_total += 1;
+                tracing::debug!(id = s.id, "preempted");
+                self.waiting.push(s);
+            } else if out_of_memory[i] {
+                let s = self.running.remove(i);
+                self.end(s, FinishReason::ContextFull);
+            }
+        }
+        work
+    }
+
+    /// Admits waiting requests in policy order while the running limit and free
+    /// pages allow, giving them their cached prefix; planning then treats them like
+    /// every running request.
+    fn admit(&mut self) {
+        let policy = self.config.policy;
+        self.waiting.sort_by_key(|s| policy.key(s.rank));
+        let ps = self.pool.page_size();
+        while self.running.len() < self.config.max_running {
+            let Some(w) = self.waiting.first() else { break };
+            let m = self.pool.lookup_prefix(&w.tokens, 0);
+            let revived = m
+                .pages
+                .iter()
+                .filter(|&&p| self.pool.ref_count(p) == 0)
+                .count();
+            // Its first piece: a page of prompt (or one token to replay).
+            let need = revived + 1;
+            // Keep a page per running request so decodes are not starved right away.
+            let reserve = self.running.len();
+            if need + reserve > self.pool.n_available() {
+                if self.running.is_empty() && need > self.pool.n_available() {
+                    // Cannot fit even alone (the pool was checked at submission, so
+                    // this is a resumed request that grew past the pool).
+                    let s = self.waiting.remove(0);
+                    self.end(s, FinishReason::ContextFull);
+                    continue;
+                }
+                break;
+            }
+            let mut s = self.waiting.remove(0);
+            let m = self
+                .pool
+                .allocate(s.id, &s.tokens, 0)
+                .expect("a waiting request holds no pages");
+            debug_assert_eq!(m.n_cached_tokens % ps, 0);
+            if !s.admitted_before {
+                s.admitted_before = true;
+                s.usage.cached_tokens = m.n_cached_tokens;
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+                self.stats.prompt_tokens_total += s.usage.prompt_tokens as u64;
+            }
+            s.n_computed = m.n_cached_tokens;
+            self.running.push(s);
+        }
+    }
+
+    /// The step's batch: single-token decodes first (they share matmuls), then
+    /// prompt chunks.
+    fn assemble(&self, work: &[Work]) -> StepBatch {
+        let ps = self.pool.page_size();
+        let n_cells = self.kv.n_cells();
+        let swa = self.model.hparams().swa_window;
+        let mut order: Vec<&Work> = work.iter().collect();
+        order.sort_by_key(|w| w.end - w.start > 1);
+        let mut b = StepBatch::default();
+        for w in order {
+            let s = &self.running[self.running_index(w.id).expect("planned requests run")];
+            let table = self.pool.page_table(w.id).expect("running requests hold pages");
+            let row_start = b.tokens.len();
+            let n_rows = w.end - w.start;
+            let n_kv = w.end.next_multiple_of(KV_WINDOW_PAD);
+            let mut window: Vec<CellRun> = Vec::new();
+            for &p in &table[..w.end.div_ceil(ps)] {
+                let start = p as usize * ps;
+                match window.last_mut() {
+                    Some(r) if r.start + r.len == start => r.len += ps,
+                    _ => window.push(CellRun { start, len: ps }),
+                }
+            }
+            // Pad to the window size with masked cells (any cells will do).
+            let pad = n_kv - w.end.div_ceil(ps) * ps;
+            if pad > 0 {
+                match window.last_mut() {
+                    Some(r) if r.start + r.len + pad <= n_cells => r.len += pad,
+                    _ => window.push(CellRun { start: 0, len: pad }),
+                }
+            }
+            let mut mask = MaskBuilder::new(n_kv, n_rows);
+            let mut mask_swa = swa.map(|_| MaskBuilder::new(n_kv, n_rows));
+            for (r, pos) in (w.start..w.end).enumerate() {
+                b.tokens.push(s.tokens[pos]);
+                b.positions.push(pos as i32);
+                b.kv_slots.push(w.cells[r] as i64);
+                mask.allow_prefix(r, pos as i32, None);
+                if let Some(m) = mask_swa.as_mut() {
+                    m.allow_prefix(r, pos as i32, swa);
+                }
+            }
+            if w.end == s.tokens.len() {
+                b.output_rows.push((b.tokens.len() - 1) as i32);
+            }
+            b.seqs.push(SeqSpan {
+                row_start,
+                n_rows,
+                window,
+                mask: mask.into_data(),
+                mask_swa: mask_swa.map(MaskBuilder::into_data),
+            });
+        }
+        if b.output_rows.is_empty() {
+            // Only partial prompt chunks: compute one row's logits and ignore them.
+            b.output_rows.push(0);
+        }
+        b
+    }
+
+    /// Runs the model; meanwhile a worker thread computes the constraint masks of
+    /// the requests that sample in this step.
+    fn forward(&mut self, work: &[Work], batch: &StepBatch) -> Result<Vec<f32>, ModelError> {
+        let sampling: Vec<RequestId> = work
+            .iter()
+            .filter(|w| {
+                self.running_index(w.id)
+                    .is_some_and(|i| w.end == self.running[i].tokens.len())
+            })
+            .map(|w| w.id)
+            .collect();
+        let EngineCore {
+            model,
+            exec,
+            kv,
+            running,
+            ..
+        } = self;
+        let constrained: Vec<&mut Live> = running
+            .iter_mut()
+            .filter(|s| s.constraint.is_some() && sampling.contains(&s.id))
+            .collect();
+        if constrained.is_empty() {
+            return model.forward(exec, kv, batch);
+        }
+        std::thread::scope(|sc| {
+            let masks = sc.spawn(move || {
+                for s in constrained {
+                    let c = s.constraint.as_mut().expect("filtered");
+                    s.mask = Some(c.compute_mask());
+                }
+            });
+            let logits = model.forward(exec, kv, batch);
+            masks.join().expect("mask worker panicked");
+            logits
+        })
+    }
+
+    /// Commits the step's KV, samples for every request whose tokens are all
+    /// computed, sends events and ends finished requests.
+    fn after_step(&mut self, work: &[Work], logits: &[f32]) {
+        let n_vocab = self.model.hparams().n_vocab;
+        // Output rows follow the batch order: decodes, then prompt chunks.
+        let mut order: Vec<&Work> = work.iter().collect();
+        order.sort_by_key(|w| w.end - w.start > 1);
+        let mut row = 0;
+        let mut finished: Vec<(RequestId, FinishReason)> = Vec::new();
+        for w in order {
+            let i = self.running_index(w.id).expect("planned requests run");
+            let s = &mut self.running[i];
+            s.n_computed = w.end;
+            self.pool
+                .commit_full_pages(s.id, &s.tokens[..s.n_computed])
+                .expect("cells were appended");
+            if w.end < s.tokens.len() {
+                continue;
+            }
+            let l = &logits[row * n_vocab..(row + 1) * n_vocab];
+            row += 1;
+            if let Some(reason) = sample_one(s, l, &self.tok, self.limits.max_context) {
+                finished.push((s.id, reason));
+            } else if s.tx.is_closed() {
+                finished.push((s.id, FinishReason::Cancelled));
+            }
+            self.stats.generated_tokens_total += 1;
+        }
+        for (id, reason) in finished {
+            let i = self.running_index(id).expect("still running");
+            let s = self.running.remove(i);
+            self.end(s, reason);
+        }
+    }
+}
+
+/// Samples `s`'s next token from the logits `raw`, sends its event, and says
+/// whether (and why) the request ends.
+fn sample_one(s: &mut Live, raw: &[f32], tok: &Tokenizer, max_context: usize) -> Option<FinishReason> {
+    let want_top = s.top_logprobs.max(usize::from(s.logprobs));
+    let top = if want_top > 0 {
+        log_softmax_top(raw, want_top)
+    } else {
+        Vec::new()
+    };
+    let log_z = if s.logprobs { log_sum_exp(raw) } else { 0.0 };
+    let l = &mut raw.to_vec();
+    for &t in &s.banned {
+        if let Some(x) = l.get_mut(t as usize) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    let t = match s.mask.take() {
+        Some(Err(e)) => return Some(FinishReason::ConstraintDeadEnd(e)),
+        Some(Ok(m)) if m.is_empty() => {
+            return Some(FinishReason::ConstraintDeadEnd(
+                "the constraint allows no token".into(),
+            ))
+        }
+        Some(Ok(m)) => s.sampler.sample_with_mask(l, Some(&|t| m.is_allowed(t))),
+        None => s.sampler.sample(l),
+    };
+    let logprob = s.logprobs.then(|| chosen_logprob(&top, t, log_z, raw));
+    s.sampler.accept(t);
+    s.tokens.push(t);
+    s.usage.completion_tokens += 1;
+    let mut finish = None;
+    if let Some(c) = s.constraint.as_mut() {
+        if let Err(e) = c.accept(t) {
+            finish = Some(FinishReason::ConstraintDeadEnd(e));
+        }
+    }
+    let is_stop_token = (s.stop_eog && tok.is_eog(t)) || s.stop_ids.contains(&t);
+    let mut text = String::new();
+    if finish.is_none() {
+        if is_stop_token {
+            finish = Some(FinishReason::StopToken(t));
+        } else {
+            let step = s.text.push(t);
+            text = step.text;
+            finish = step.stop.map(FinishReason::StopString);
+        }
+    }
+    if finish.is_none() {
+        finish = if s.constraint.as_ref().is_some_and(|c| c.is_finished()) {
+            Some(FinishReason::ConstraintDone)
+        } else if s.usage.completion_tokens >= s.max_tokens {
+            if s.tokens.len() >= max_context {
+                Some(FinishReason::ContextFull)
+            } else {
+                Some(FinishReason::Length)
+            }
+        } else {
+            None
+        };
+    }
+    if finish.is_some() && !matches!(finish, Some(FinishReason::StopString(_))) {
+        text.push_str(&s.text.finish());
+    }
+    let top_logprobs = if s.top_logprobs > 0 {
+        top.into_iter().take(s.top_logprobs).collect()
+    } else {
+        Vec::new()
+    };
+    let _ = s.tx.send(Event::Token(TokenEvent {
+        id: t,
+        text,
+        logprob,
+        top_logprobs,
+    }));
+    finish
+}
+
+/// The chosen token's log-probability: from the top list when it is there (same
+/// arithmetic as the top list), else from the log-partition.
+fn chosen_logprob(top: &[(u32, f32)], t: u32, log_z: f32, l: &[f32]) -> f32 {
+    top.iter()
+        .find(|&&(id, _)| id == t)
+        .map(|&(_, lp)| lp)
+        .unwrap_or_else(|| l.get(t as usize).map_or(f32::NEG_INFINITY, |&x| x - log_z))
+}
+
+/// `ln(sum(exp(l)))`, ignoring NaN.
+fn log_sum_exp(l: &[f32]) -> f32 {
+    let max = l
+        .iter()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if !max.is_finite() {
+        return max;
+    }
+    let sum: f64 = l
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&x| f64::from(x - max).exp())
+        .sum();
+    max + sum.ln() as f32
+}

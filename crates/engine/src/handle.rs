@@ -1,0 +1,142 @@
+//! The threaded engine: one thread owns the [`EngineCore`] (model, KV pool,
+//! scheduler) and runs steps while there is work; callers on any thread submit
+//! requests through a cloneable [`EngineHandle`] and read events from their
+//! [`RequestStream`].
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use tempo9_models::Model;
+use tempo9_tokenizer::Tokenizer;
+
+use crate::core::{EngineConfig, EngineCore, EngineError, EngineStats, Limits};
+use crate::request::Request;
+use crate::{RequestStream, SubmitError};
+
+enum Command {
+    /// A checked request and the channel to return its stream on.
+    Submit(Box<Request>, mpsc::SyncSender<RequestStream>),
+    /// Something changed (a cancellation): look at the requests again.
+    Wake,
+}
+
+/// Starts engines.
+pub struct Engine;
+
+impl Engine {
+    /// Builds the engine core and starts its thread. The thread ends when every
+    /// handle is dropped and the running requests are done.
+    pub fn start(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<EngineHandle, EngineError> {
+        let core = EngineCore::new(model.clone(), tokenizer.clone(), config)?;
+        let shared = Arc::new(Shared {
+            limits: core.limits().clone(),
+            max_context: core.max_context(),
+            queued: core.queued(),
+            stats: Mutex::new(core.stats()),
+            model,
+            tokenizer,
+        });
+        let (tx, rx) = mpsc::channel();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("tempo9-engine".into())
+            .spawn(move || engine_loop(core, rx, thread_shared))
+            .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(EngineHandle { shared, tx })
+    }
+}
+
+struct Shared {
+    limits: Limits,
+    max_context: usize,
+    queued: Arc<AtomicUsize>,
+    stats: Mutex<EngineStats>,
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+/// A cloneable, thread-safe handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+    tx: Sender<Command>,
+}
+
+impl EngineHandle {
+    /// Submits a request; its events arrive on the returned stream. Refuses
+    /// malformed requests, prompts over the context limit and submissions beyond
+    /// the waiting-queue limit right away.
+    pub fn submit(&self, req: Request) -> Result<RequestStream, SubmitError> {
+        let sh = &self.shared;
+        sh.limits.check(&req, sh.queued.load(Ordering::Relaxed))?;
+        sh.queued.fetch_add(1, Ordering::Relaxed);
+        let (back_tx, back_rx) = mpsc::sync_channel(1);
+        if self
+            .tx
+            .send(Command::Submit(Box::new(req), back_tx))
+            .is_err()
+        {
+            sh.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(SubmitError::Stopped);
+        }
+        let mut stream = back_rx.recv().map_err(|_| SubmitError::Stopped)?;
+        let wake_tx = Mutex::new(self.tx.clone());
+        stream.set_wake(Arc::new(move || {
+            let _ = wake_tx.lock().map(|t| t.send(Command::Wake));
+        }));
+        Ok(stream)
+    }
+
+    /// Counters as of the last step.
+    pub fn stats(&self) -> EngineStats {
+        *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Per-request limit on prompt plus output tokens.
+    pub fn max_context(&self) -> usize {
+        self.shared.max_context
+    }
+
+    /// The tokenizer the engine decodes with.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.shared.tokenizer
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.shared.model
+    }
+}
+
+fn engine_loop(mut core: EngineCore, rx: Receiver<Command>, shared: Arc<Shared>) {
+    let publish = |core: &EngineCore| {
+        *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = core.stats();
+    };
+    let handle = |core: &mut EngineCore, cmd: Command| {
+        if let Command::Submit(req, back) = cmd {
+            // Already counted in `queued` by the handle.
+            let _ = back.send(core.enqueue(*req));
+        }
+    };
+    loop {
+        if !core.has_work() {
+            publish(&core);
+            match rx.recv() {
+                Ok(cmd) => handle(&mut core, cmd),
+                Err(_) => return,
+            }
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            handle(&mut core, cmd);
+        }
+        if let Err(e) = core.step() {
+            tracing::error!(error = %e, "engine step failed; its requests were ended");
+        }
+        publish(&core);
+    }
+}

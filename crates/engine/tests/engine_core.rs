@@ -1,0 +1,318 @@
+//! The engine core on a real model (SmolLM2-135M): greedy outputs do not depend on
+//! batching, the prefix cache or preemption; random workloads keep the page
+//! accounting sound; long prompts are chunked without stalling decodes;
+//! cancellation and stop strings behave.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tempo9_engine::{
+    EngineConfig, EngineCore, Event, FinishReason, Request, RequestStream,
+};
+use tempo9_models::Model;
+use tempo9_tokenizer::Tokenizer;
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn smollm2() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
+    let model = load(MODELS[0].1)?;
+    let tok = tokenizer(&model);
+    Some((model, tok))
+}
+
+fn core(model: &Arc<Model>, tok: &Arc<Tokenizer>, kv_bytes: usize) -> EngineCore {
+    let cfg = EngineConfig {
+        threads: 2,
+        kv_budget_bytes: Some(kv_bytes),
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine")
+}
+
+fn greedy(prompt: Vec<u32>, n: usize) -> Request {
+    let mut r = Request::new(prompt, n);
+    r.stop.eog = false;
+    r
+}
+
+/// Chat prompts: four share a long system prompt, four are unrelated; lengths vary.
+fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
+    let system = "You are a careful coding assistant working in a large Rust repository. \
+        Follow the project's style, explain briefly, and prefer small diffs. "
+        .repeat(6);
+    let questions = [
+        "How do I read a file into a string?",
+        "Write a function that reverses a vector in place.",
+        "What is the difference between Rc and Arc?",
+        "Explain lifetimes in one paragraph.",
+        "Name three prime numbers.",
+        "Translate 'good morning' to French.",
+        "What is 12 times 12?",
+        "Write a haiku about the sea.",
+    ];
+    questions
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let text = if i < 4 {
+                format!("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
+            } else {
+                format!("<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
+            };
+            tok.encode(&text, true, true)
+        })
+        .collect()
+}
+
+const N_GEN: usize = 32;
+
+#[test]
+fn same_tokens_alone_batched_warm_and_preempted() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else { return };
+    let ps = prompts(&tok);
+    // Alone: a fresh engine (cold cache) per request.
+    let alone: Vec<Output> = ps
+        .iter()
+        .map(|p| run_batch(&mut core(&model, &tok, 64 << 20), vec![greedy(p.clone(), N_GEN)]).remove(0))
+        .collect();
+    for (i, a) in alone.iter().enumerate() {
+        assert_eq!(a.tokens.len(), N_GEN, "prompt {i}: {:?}", a.finish);
+        assert_eq!(a.finish.usage.cached_tokens, 0);
+    }
+
+    // Among seven others, then again with the prefix cache warm.
+    let mut shared = core(&model, &tok, 64 << 20);
+    for round in ["batched", "warm"] {
+        let out = run_batch(&mut shared, ps.iter().map(|p| greedy(p.clone(), N_GEN)).collect());
+        for (i, (o, a)) in out.iter().zip(&alone).enumerate() {
+            assert_eq!(o.tokens, a.tokens, "{round}: prompt {i} differs from alone");
+        }
+        let cached: usize = out.iter().map(|o| o.finish.usage.cached_tokens).sum();
+        match round {
+            // The four requests sharing a system prompt share its pages only once
+            // one of them has computed them; admitted together, none hits yet.
+            "batched" => eprintln!("batched: {cached} cached prompt tokens"),
+            _ => {
+                let want: usize = ps.iter().map(|p| (p.len() - 1) / 64 * 64).sum();
+                assert_eq!(cached, want, "warm: every full page of every prompt is cached");
+            }
+        }
+    }
+    let st = shared.stats();
+    assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
+
+    // Preempted: the pool holds about three requests' worth of pages, so the later
+    // ones are preempted (their KV dropped) and recomputed when memory frees up.
+    let page_bytes = shared.stats().page_bytes;
+    let mut tight = core(&model, &tok, 12 * page_bytes);
+    let out = run_batch(&mut tight, ps.iter().map(|p| greedy(p.clone(), N_GEN)).collect());
+    let preempted: u32 = out.iter().map(|o| o.finish.usage.preemptions).sum();
+    assert!(preempted > 0, "the tight pool should force preemption");
+    for (i, (o, a)) in out.iter().zip(&alone).enumerate() {
+        assert_eq!(o.tokens, a.tokens, "preempted run: prompt {i} differs from alone");
+    }
+    eprintln!("preempted run: {preempted} preemptions, stats {:?}", tight.stats());
+}
+
+/// Tiny xorshift RNG for reproducible workloads.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random arrivals, prompt lengths, shared prefixes and cancellations on a small
+/// pool (so pages are evicted and requests preempted). After every step the page
+/// invariants hold; every request that was not cancelled produces exactly its
+/// alone output (nobody read another's pages); idle, the pool holds nothing.
+#[test]
+fn random_workloads_keep_pages_sound() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else { return };
+    let n_vocab = model.hparams().n_vocab as u64;
+    let page_bytes = core(&model, &tok, 64 << 20).stats().page_bytes;
+    let mut alone_cache: std::collections::HashMap<Vec<u32>, Vec<u32>> = Default::default();
+    let (mut preemptions, mut evictions, mut hits) = (0, 0, 0);
+    for seed in 1..=3u64 {
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ seed.wrapping_mul(0x9E37_79B9));
+        let prefixes: Vec<Vec<u32>> = (0..3)
+            .map(|_| (0..40 + rng.below(150)).map(|_| 1 + rng.below(n_vocab - 1) as u32).collect())
+            .collect();
+        // Six pages: a few requests' worth, so the cache evicts and requests preempt.
+        let mut eng = core(&model, &tok, 6 * page_bytes);
+        let mut live: Vec<(Vec<u32>, RequestStream, Vec<u32>, bool)> = Vec::new();
+        let mut done: Vec<(Vec<u32>, Vec<u32>, FinishReason)> = Vec::new();
+        let mut submitted = 0;
+        let mut steps = 0;
+        while submitted < 10 || eng.has_work() {
+            if submitted < 10 && rng.below(3) == 0 {
+                let mut p = prefixes[rng.below(3) as usize].clone();
+                p.truncate(1 + rng.below(p.len() as u64) as usize);
+                p.extend((0..rng.below(40)).map(|_| 1 + rng.below(n_vocab - 1) as u32));
+                let s = eng.submit(greedy(p.clone(), 4)).expect("submit");
+                live.push((p, s, Vec::new(), false));
+                submitted += 1;
+            }
+            if !live.is_empty() && rng.below(12) == 0 {
+                let k = rng.below(live.len() as u64) as usize;
+                live[k].1.cancel();
+                live[k].3 = true;
+            }
+            eng.step().expect("step");
+            steps += 1;
+            eng.check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed} step {steps}: {e}"));
+            let mut k = 0;
+            while k < live.len() {
+                let mut fin = None;
+                while let Some(ev) = live[k].1.try_recv() {
+                    match ev {
+                        Event::Token(t) => live[k].2.push(t.id),
+                        Event::Finished(f) => fin = Some(f.reason),
+                    }
+                }
+                if let Some(reason) = fin {
+                    let (p, _, toks, cancelled) = live.remove(k);
+                    if cancelled {
+                        assert!(matches!(reason, FinishReason::Cancelled | FinishReason::Length));
+                    } else {
+                        done.push((p, toks, reason));
+                    }
+                } else {
+                    k += 1;
+                }
+            }
+            assert!(steps < 10_000, "seed {seed}: no progress");
+        }
+        assert!(live.is_empty(), "every stream finished");
+        let st = eng.stats();
+        assert_eq!((st.running, st.waiting, st.kv_pages_used), (0, 0, 0), "{st:?}");
+        assert_eq!(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+        for (p, toks, reason) in done {
+            assert_eq!(reason, FinishReason::Length);
+            let want = alone_cache.entry(p.clone()).or_insert_with(|| {
+                run_batch(&mut core(&model, &tok, 64 << 20), vec![greedy(p.clone(), 4)])
+                    .remove(0)
+                    .tokens
+            });
+            assert_eq!(&toks, want, "seed {seed}: a request's output depends on its neighbours");
+        }
+        eprintln!("seed {seed}: {steps} steps, {st:?}");
+        preemptions += st.preemptions_total;
+        evictions += st.evicted_pages;
+        hits += st.prefix_hit_tokens;
+    }
+    assert!(
+        preemptions > 0 && evictions > 0 && hits > 0,
+        "the workloads should exercise preemption ({preemptions}), eviction ({evictions}) and prefix hits ({hits})"
+    );
+}
+
+/// While a long prompt is prefilled in chunks, requests already decoding get a
+/// token at every step.
+#[test]
+fn long_prefill_does_not_stall_decodes() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else { return };
+    let mut eng = core(&model, &tok, 256 << 20);
+    let short = tok.encode("<|im_start|>user\nCount to ten.<|im_end|>\n<|im_start|>assistant\n", true, true);
+    let mut decoders: Vec<RequestStream> = (0..3)
+        .map(|_| eng.submit(greedy(short.clone(), 40)).unwrap())
+        .collect();
+    // Let them reach decoding.
+    eng.step().unwrap();
+    for s in &mut decoders {
+        assert!(matches!(s.try_recv(), Some(Event::Token(_))));
+    }
+    let long: Vec<u32> = (0..2000u32).map(|i| 100 + i % 5000).collect();
+    let mut big = eng.submit(greedy(long, 1)).unwrap();
+    let mut prefill_steps = 0;
+    loop {
+        eng.step().unwrap();
+        prefill_steps += 1;
+        for (k, s) in decoders.iter_mut().enumerate() {
+            assert!(
+                matches!(s.try_recv(), Some(Event::Token(_))),
+                "decoder {k} got no token in prefill step {prefill_steps}"
+            );
+        }
+        if let Some(Event::Token(_)) = big.try_recv() {
+            break;
+        }
+    }
+    // 2000 tokens in steps of at most 512 minus the three decodes.
+    assert!(prefill_steps >= 4, "prefill took {prefill_steps} steps");
+    eng.run_until_idle().unwrap();
+}
+
+#[test]
+fn cancel_frees_pages_at_next_step_and_stop_strings_cut_text() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else { return };
+    let mut eng = core(&model, &tok, 64 << 20);
+    let p = tok.encode("<|im_start|>user\nCount from 1 to 20, separated by commas.<|im_end|>\n<|im_start|>assistant\n", true, true);
+    let mut s = eng.submit(greedy(p.clone(), 200)).unwrap();
+    for _ in 0..3 {
+        eng.step().unwrap();
+    }
+    assert!(eng.stats().kv_pages_used > 0);
+    drop(s);
+    eng.step().unwrap();
+    assert_eq!(eng.stats().kv_pages_used, 0, "a dropped stream's pages are released");
+    assert!(!eng.has_work());
+
+    // Stop strings: the full output, then the same request stopped at a string in it.
+    let full = run_batch(&mut eng, vec![greedy(p.clone(), 40)]).remove(0);
+    assert!(full.text.len() > 12, "need some text: {:?}", full.text);
+    let cut = full.text.char_indices().nth(full.text.chars().count() / 2).unwrap().0;
+    let stop: String = full.text[cut..].chars().take(3).collect();
+    let mut r = greedy(p, 40);
+    r.stop.strings = vec![stop.clone()];
+    s = eng.submit(r).unwrap();
+    eng.run_until_idle().unwrap();
+    let out = collect(&mut s);
+    let at = full.text.find(&stop).unwrap();
+    assert_eq!(out.text, full.text[..at], "text ends right before the stop string");
+    assert_eq!(out.finish.reason, FinishReason::StopString(stop));
+}
+
+/// Declared context costs nothing: the KV pool is reserved address space that the
+/// OS commits only when tokens are written.
+#[test]
+fn startup_memory_does_not_depend_on_context() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else { return };
+    let rss = || {
+        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: usize = s.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    };
+    let mut deltas = Vec::new();
+    for ctx in [8192usize, 131072] {
+        let before = rss();
+        let cfg = EngineConfig {
+            threads: 2,
+            max_context: Some(ctx),
+            kv_budget_bytes: Some(4 << 30),
+            ..EngineConfig::default()
+        };
+        let eng = EngineCore::new(model.clone(), tok.clone(), cfg).unwrap();
+        assert_eq!(eng.max_context(), ctx);
+        deltas.push(rss().saturating_sub(before));
+        drop(eng);
+    }
+    eprintln!("RSS growth creating the engine (8K / 128K ctx, 4 GiB KV budget): {deltas:?}");
+    for d in deltas {
+        assert!(d < 32 << 20, "creating the engine committed {d} bytes");
+    }
+}
