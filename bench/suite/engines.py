@@ -9,9 +9,8 @@ everything else at its defaults; the process gets LD_PRELOAD of
 bench/foundation/no_amx.c (compiled by scripts/fixtures/llama_server.py's
 no_amx_shim), because ggml's AMX path crashes inside these VMs.
 
-Tempo9: `tempo9 [serve] --gguf GGUF --host 127.0.0.1 --port P [--ctx C]`
-(issue 5's contract). Skipped, with a message, when the binary is missing or
-its --help (and `serve --help`) lists no --port: no HTTP server yet.
+Tempo9: `tempo9 --gguf GGUF --host 127.0.0.1 --port P [--ctx C]` (serving is
+the default command). Skipped, with a message, only when the binary is missing.
 """
 
 import atexit
@@ -300,17 +299,9 @@ class Tempo9:
             return ""
 
     def _detect(self):
-        h = self._help(["--help"])
-        self.help_text = h
-        if "--port" in h:
-            return []
-        hs = self._help(["serve", "--help"])
-        if "--port" in hs:
-            self.help_text = hs
-            return ["serve"]
-        raise EngineUnavailable("Tempo9 skipped: %s has no HTTP server yet (`tempo9 --help` and "
-                                "`tempo9 serve --help` list no --port; issue 5 adds "
-                                "`tempo9 --gguf PATH --port N` with /v1/chat/completions and /health)" % self.binary)
+        # Serving is tempo9's default command; `tempo9 serve --help` lists its flags.
+        self.help_text = self._help(["serve", "--help"])
+        return []
 
     def describe(self):
         d = {"engine": self.name, "binary": self.binary, "subcommand": self.sub, "extra_args": self.extra}

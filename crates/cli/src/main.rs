@@ -4,6 +4,7 @@
 
 mod bench;
 mod chat;
+mod serve;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,12 @@ use tempo9_models::{LoadOptions, Model};
 
 /// Tempo9: a local LLM inference engine for many agents sharing one runtime.
 #[derive(Parser)]
-#[command(name = "tempo9", version, about)]
+#[command(
+    name = "tempo9",
+    version,
+    about,
+    after_help = "Without a command, `tempo9 --gguf PATH …` serves (see `tempo9 serve --help`)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,6 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI, Anthropic and Ollama HTTP APIs (the default command).
+    Serve(serve::ServeArgs),
     /// Generate from a prompt (or chat interactively when no prompt is given).
     Run(chat::RunArgs),
     /// Measure prompt processing and generation speed (JSON on stdout).
@@ -156,8 +164,15 @@ fn main() {
         )
         .init();
     tempo9_ggml::init_logging();
-    let cli = Cli::parse();
+    let cli = match serve::serve_by_default(std::env::args_os().collect()) {
+        Ok(args) => Cli::parse_from(args),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    };
     let result = match cli.command {
+        Command::Serve(a) => serve::run(a),
         Command::Run(a) => chat::run(a),
         Command::Bench(a) => bench::run(a),
     };

@@ -1,12 +1,604 @@
-//! Tempo9's HTTP server: the OpenAI, Anthropic and Ollama APIs over the engine.
+//! Tempo9's HTTP server: the OpenAI, Anthropic and Ollama APIs over one
+//! [`EngineHandle`].
 //!
-//! The adapters and routes land with the engine's request API; these modules
-//! do not depend on it.
+//! The server holds no model state: it renders chat templates, tokenizes,
+//! maps each API's parameters to an engine [`tempo9_engine::Request`], and maps
+//! the engine's events back to each API's wire format (JSON, SSE or NDJSON),
+//! parsing tool calls per model family ([`tools`]). One adapter module per API
+//! family: [`openai`] (chat completions, completions, models), [`responses`]
+//! (OpenAI Responses), [`anthropic`] (messages, count_tokens), [`ollama`].
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod anthropic;
+pub mod chat;
 pub mod error;
 pub mod metrics;
+pub mod ollama;
 pub mod ollama_store;
+pub mod openai;
+pub mod responses;
 pub mod tools;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use tempo9_engine::EngineHandle;
+use tempo9_gguf::GgufFile;
+use tempo9_tokenizer::ChatTemplate;
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::error::{ApiError, ErrorKind, Family};
+use crate::metrics::Metrics;
+use crate::tools::ToolFormat;
+
+/// Server settings (the `tempo9 serve` flags).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on.
+    pub port: u16,
+    /// Required key (`Authorization: Bearer KEY` or `x-api-key: KEY`); `None` = open.
+    pub api_key: Option<String>,
+    /// The model's name in the APIs (`/v1/models`, `/api/tags`, responses).
+    pub model_name: String,
+    /// Other names requests may use for the model.
+    pub aliases: Vec<String>,
+    /// Serve requests naming any model (agents that hard-code model names).
+    pub any_model: bool,
+    /// Largest request body in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Cap on generated tokens per request (`None`: the context limit).
+    pub max_tokens: Option<usize>,
+    /// Most generation requests in flight in the server (503 above).
+    pub max_concurrent: usize,
+    /// System-prompt lines starting with one of these are removed (per-request
+    /// volatile text that would defeat prefix caching).
+    pub volatile_prefixes: Vec<String>,
+    /// Digest to report for the model (Ollama's, when resolved from its store).
+    pub digest: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 11435,
+            api_key: None,
+            model_name: "tempo9".into(),
+            aliases: Vec::new(),
+            any_model: false,
+            max_body_bytes: 32 << 20,
+            max_tokens: None,
+            max_concurrent: 256,
+            volatile_prefixes: vec!["x-anthropic-billing-header:".into()],
+            digest: None,
+        }
+    }
+}
+
+/// Facts about the served model, from its GGUF file.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The GGUF path.
+    pub path: PathBuf,
+    /// File size in bytes.
+    pub size: u64,
+    /// `general.architecture`.
+    pub arch: String,
+    /// Parameter count.
+    pub n_params: u64,
+    /// Quantization name (e.g. `Q4_K_M`).
+    pub quantization: String,
+    /// Trained context length.
+    pub context_length: Option<u64>,
+    /// Selected metadata for `/api/show` (scalars only).
+    pub metadata: serde_json::Map<String, Value>,
+    /// File modification time (seconds since the epoch).
+    pub modified: u64,
+}
+
+impl ModelInfo {
+    /// Reads the facts from an open GGUF file at `path`.
+    pub fn from_gguf(f: &GgufFile, path: PathBuf) -> ModelInfo {
+        let md = f.metadata();
+        let arch = f.architecture().unwrap_or("unknown").to_string();
+        let n_params = f.tensors().iter().map(|t| t.n_elements()).sum();
+        let ftype = md.get_u32("general.file_type").ok().flatten();
+        let meta_file = std::fs::metadata(&path).ok();
+        let mut metadata = serde_json::Map::new();
+        for (k, v) in md.iter() {
+            if k.starts_with("tokenizer.") {
+                continue;
+            }
+            let j = if let Some(i) = v.as_integer() {
+                json!(i as i64)
+            } else if let tempo9_gguf::Value::String(s) = v {
+                json!(s)
+            } else if let tempo9_gguf::Value::F32(x) = v {
+                json!(x)
+            } else if let tempo9_gguf::Value::Bool(b) = v {
+                json!(b)
+            } else {
+                continue;
+            };
+            metadata.insert(k.to_string(), j);
+        }
+        metadata.insert("general.parameter_count".into(), json!(n_params));
+        ModelInfo {
+            size: meta_file.as_ref().map(|m| m.len()).unwrap_or(0),
+            modified: meta_file
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            context_length: md
+                .get_u32(&format!("{arch}.context_length"))
+                .ok()
+                .flatten()
+                .map(u64::from),
+            quantization: ftype.map(file_type_name).unwrap_or("unknown").to_string(),
+            arch,
+            n_params,
+            metadata,
+            path,
+        }
+    }
+
+    /// Parameter count as Ollama writes it (`494.03M`, `7.6B`).
+    pub fn parameter_size(&self) -> String {
+        let n = self.n_params as f64;
+        if n >= 1e9 {
+            format!("{:.1}B", n / 1e9)
+        } else {
+            format!("{:.2}M", n / 1e6)
+        }
+    }
+}
+
+/// llama.cpp's `general.file_type` names.
+fn file_type_name(t: u32) -> &'static str {
+    match t {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        19 => "IQ2_XXS",
+        20 => "IQ2_XS",
+        21 => "Q2_K_S",
+        22 => "IQ3_XS",
+        23 => "IQ3_XXS",
+        24 => "IQ1_S",
+        25 => "IQ4_NL",
+        26 => "IQ3_S",
+        27 => "IQ3_M",
+        28 => "IQ2_S",
+        29 => "IQ2_M",
+        30 => "IQ4_XS",
+        31 => "IQ1_M",
+        32 => "BF16",
+        36 => "TQ1_0",
+        37 => "TQ2_0",
+        38 => "MXFP4",
+        _ => "unknown",
+    }
+}
+
+/// Shared state of all handlers.
+pub struct AppState {
+    /// The engine.
+    pub engine: EngineHandle,
+    /// The model's chat template.
+    pub template: ChatTemplate,
+    /// The model's tool-call syntax.
+    pub tool_format: ToolFormat,
+    /// Model facts.
+    pub info: ModelInfo,
+    /// Settings.
+    pub config: ServerConfig,
+    /// Server-side measurements.
+    pub metrics: Metrics,
+    /// Generation requests in flight.
+    slots: Arc<Semaphore>,
+    /// When the server started.
+    pub started: Instant,
+}
+
+impl AppState {
+    /// State for serving `engine`'s model with `config`.
+    pub fn new(engine: EngineHandle, config: ServerConfig) -> anyhow::Result<AppState> {
+        let gguf = engine.model().gguf().clone();
+        let template = ChatTemplate::for_model(&gguf, engine.tokenizer())?;
+        let info = ModelInfo::from_gguf(&gguf, PathBuf::new());
+        let tool_format = ToolFormat::detect(template.source(), &info.arch);
+        Ok(AppState {
+            slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+            engine,
+            template,
+            tool_format,
+            info,
+            config,
+            metrics: Metrics::new(),
+            started: Instant::now(),
+        })
+    }
+
+    /// Sets the model file's path (for size and modification time).
+    pub fn with_path(mut self, path: PathBuf) -> Self {
+        let gguf = self.engine.model().gguf().clone();
+        self.info = ModelInfo::from_gguf(&gguf, path);
+        self
+    }
+
+    /// Checks a request's `model` field: the served name, an alias, or absent.
+    pub fn check_model(&self, family: Family, model: Option<&str>) -> Result<(), ApiError> {
+        let Some(m) = model.map(str::trim).filter(|m| !m.is_empty()) else {
+            return Ok(());
+        };
+        let strip = |s: &str| s.strip_suffix(":latest").unwrap_or(s).to_string();
+        let m = strip(m);
+        let known = self.config.any_model
+            || strip(&self.config.model_name) == m
+            || self.config.aliases.iter().any(|a| strip(a) == m);
+        if known {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                family,
+                ErrorKind::NotFound,
+                format!(
+                    "model '{m}' not found; this server serves '{}'",
+                    self.config.model_name
+                ),
+            ))
+        }
+    }
+
+    /// A slot for one generation request, or 503 when the server is at its limit.
+    pub fn slot(&self, family: Family) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        self.slots.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                family,
+                ErrorKind::Overloaded,
+                format!(
+                    "too many concurrent requests (limit {})",
+                    self.config.max_concurrent
+                ),
+            )
+        })
+    }
+}
+
+/// Parses a JSON request body; size-limit and syntax errors in `family`'s shape.
+pub fn parse_body(family: Family, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(family, ErrorKind::TooLarge, "request body too large")
+        } else {
+            ApiError::bad(family, e.body_text())
+        }
+    })?;
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad(family, format!("invalid JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad(
+            family,
+            "the request body must be a JSON object",
+        ));
+    }
+    Ok(v)
+}
+
+/// A streaming response whose chunks a spawned task sends through `tx`; when the
+/// client disconnects, sends fail and the task ends (dropping the engine stream
+/// cancels the request).
+pub fn streaming<F, Fut>(content_type: &'static str, f: F) -> Response
+where
+    F: FnOnce(mpsc::Sender<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(f(tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// One SSE `data:` line with a JSON payload.
+pub fn sse_data(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// One SSE event with a name and a JSON payload.
+pub fn sse_event(name: &str, v: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
+}
+
+/// Checks the API key (except on `/health`) and counts answers per route.
+async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    if let Some(key) = &st.config.api_key {
+        if path != "/health" && !authorized(req.headers(), key) {
+            st.metrics.http(&route, 401);
+            return ApiError::new(
+                Family::from_path(&path),
+                ErrorKind::Unauthorized,
+                "invalid or missing API key",
+            )
+            .into_response();
+        }
+    }
+    let resp = next.run(req).await;
+    st.metrics.http(&route, resp.status().as_u16());
+    resp
+}
+
+fn authorized(h: &HeaderMap, key: &str) -> bool {
+    let bearer = h
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let x_key = h
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    bearer == Some(key) || x_key == Some(key)
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let s = st.engine.stats();
+    axum::Json(json!({"status": "ok", "model": st.config.model_name,
+                      "waiting": s.waiting, "running": s.running}))
+    .into_response()
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    use crate::metrics::{counter, gauge};
+    let s = st.engine.stats();
+    let mut out = String::new();
+    gauge(
+        &mut out,
+        "tempo9_requests_waiting",
+        "Requests waiting for admission (queue depth).",
+        s.waiting as f64,
+    );
+    gauge(
+        &mut out,
+        "tempo9_requests_running",
+        "Requests holding KV and computing.",
+        s.running as f64,
+    );
+    gauge(
+        &mut out,
+        "tempo9_kv_pages_total",
+        "KV pages in the pool.",
+        s.kv_pages_total as f64,
+    );
+    gauge(
+        &mut out,
+        "tempo9_kv_pages_used",
+        "KV pages held by running requests.",
+        s.kv_pages_used as f64,
+    );
+    gauge(
+        &mut out,
+        "tempo9_kv_pages_cached",
+        "Unreferenced KV pages kept for prefix reuse.",
+        s.kv_pages_cached as f64,
+    );
+    gauge(
+        &mut out,
+        "tempo9_kv_pages_free",
+        "Free KV pages.",
+        s.kv_pages_free as f64,
+    );
+    gauge(
+        &mut out,
+        "tempo9_kv_page_tokens",
+        "Tokens per KV page.",
+        s.page_tokens as f64,
+    );
+    let hit = if s.prefix_query_tokens > 0 {
+        s.prefix_hit_tokens as f64 / s.prefix_query_tokens as f64
+    } else {
+        0.0
+    };
+    gauge(
+        &mut out,
+        "tempo9_prefix_cache_hit_rate",
+        "Prompt tokens found in the prefix cache / prompt tokens looked up.",
+        hit,
+    );
+    counter(
+        &mut out,
+        "tempo9_prefix_query_tokens_total",
+        "Prompt tokens looked up in the prefix cache.",
+        s.prefix_query_tokens,
+    );
+    counter(
+        &mut out,
+        "tempo9_prefix_hit_tokens_total",
+        "Prompt tokens found in the prefix cache.",
+        s.prefix_hit_tokens,
+    );
+    counter(
+        &mut out,
+        "tempo9_engine_prompt_tokens_total",
+        "Prompt tokens of admitted requests.",
+        s.prompt_tokens_total,
+    );
+    counter(
+        &mut out,
+        "tempo9_engine_generated_tokens_total",
+        "Tokens generated by the engine.",
+        s.generated_tokens_total,
+    );
+    counter(
+        &mut out,
+        "tempo9_preemptions_total",
+        "Requests preempted.",
+        s.preemptions_total,
+    );
+    counter(
+        &mut out,
+        "tempo9_engine_steps_total",
+        "Model steps run.",
+        s.steps_total,
+    );
+    counter(
+        &mut out,
+        "tempo9_evicted_pages_total",
+        "Cached KV pages evicted.",
+        s.evicted_pages,
+    );
+    st.metrics.render(&mut out);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::new(
+        Family::from_path(&path),
+        ErrorKind::NotFound,
+        format!("no route {} {path}", req.method()),
+    )
+    .into_response()
+}
+
+/// All routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
+        .route("/", get(|| async { "Tempo9 is running" }))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+/// Serves until Ctrl-C / SIGTERM.
+pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
+    let addr: SocketAddr = format!("{}:{}", state.config.host, state.config.port)
+        .parse()
+        .or_else(|_| {
+            std::net::ToSocketAddrs::to_socket_addrs(&(
+                state.config.host.as_str(),
+                state.config.port,
+            ))
+            .map_err(anyhow::Error::from)
+            .and_then(|mut a| a.next().ok_or_else(|| anyhow::anyhow!("no address")))
+        })?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(
+        "serving {} on http://{} ({} tool calls)",
+        state.config.model_name,
+        listener.local_addr()?,
+        format!("{:?}", state.tool_format)
+    );
+    eprintln!(
+        "tempo9: serving {} on http://{}",
+        state.config.model_name,
+        listener.local_addr()?
+    );
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    Ok(())
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_accepts_bearer_and_x_api_key() {
+        let mut h = HeaderMap::new();
+        assert!(!authorized(&h, "k"));
+        h.insert(header::AUTHORIZATION, "Bearer k".parse().unwrap());
+        assert!(authorized(&h, "k"));
+        assert!(!authorized(&h, "other"));
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", "k".parse().unwrap());
+        assert!(authorized(&h, "k"));
+    }
+
+    #[test]
+    fn names_file_types() {
+        assert_eq!(file_type_name(15), "Q4_K_M");
+        assert_eq!(file_type_name(3), "Q4_1");
+        assert_eq!(file_type_name(999), "unknown");
+    }
+}

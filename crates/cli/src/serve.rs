@@ -1,0 +1,225 @@
+//! `tempo9 [serve]`: the HTTP server (OpenAI, Anthropic and Ollama APIs).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use tempo9_engine::Engine;
+use tempo9_server::{ollama_store, AppState, ServerConfig};
+use tempo9_tokenizer::Tokenizer;
+
+use crate::ModelArgs;
+
+/// Arguments of `tempo9 serve` (also the default command).
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Serve a model downloaded by Ollama, by its name (`qwen2.5-coder:0.5b`,
+    /// `user/name:tag`); found under `$OLLAMA_MODELS` or `~/.ollama/models`.
+    /// Replaces `--gguf`, and becomes the model's name in the APIs.
+    #[arg(long = "model", value_name = "NAME[:TAG]")]
+    pub ollama_model: Option<String>,
+    /// Address to listen on (loopback by default; `0.0.0.0` for every interface).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (Ollama uses 11434; Tempo9 sits next to it).
+    #[arg(long, value_name = "PORT", default_value_t = 11435)]
+    pub port: u16,
+    /// Require this key from clients (`Authorization: Bearer KEY` or `x-api-key: KEY`);
+    /// `/health` stays open.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "TEMPO9_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Name of the model in the APIs (default: `--model`'s name or the GGUF file stem).
+    #[arg(long, value_name = "NAME")]
+    pub served_name: Option<String>,
+    /// Another name clients may use for the model (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub alias: Vec<String>,
+    /// Answer requests whatever model they name (for agents with hard-coded names)
+    /// instead of 404 for unknown names.
+    #[arg(long)]
+    pub any_model: bool,
+    /// Largest request body, e.g. `32M` (413 above).
+    #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = parse_bytes)]
+    pub max_body: usize,
+    /// Cap on tokens generated per request (default: up to the context limit).
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<usize>,
+    /// Most generation requests in flight in the server (503 above).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_concurrent: usize,
+    /// Most requests waiting in the engine's queue (429, or 503 for Ollama, above).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_waiting: usize,
+    /// Drop system-prompt lines starting with this text before templating, so
+    /// per-request values there do not defeat prefix caching (repeatable; the
+    /// default covers Claude Code's billing header).
+    #[arg(
+        long,
+        value_name = "TEXT",
+        default_value = "x-anthropic-billing-header:"
+    )]
+    pub strip_system_line: Vec<String>,
+}
+
+fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().map_err(|_| format!("not a size: {s}"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        u => return Err(format!("unknown size unit '{u}' in {s}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size too large: {s}"))
+}
+
+/// Serving is the default command: arguments that start with an option other
+/// than `--help` / `--version` get `serve` inserted in front, so
+/// `tempo9 --gguf PATH` means `tempo9 serve --gguf PATH`. Then `--model` is
+/// expanded (see [`expand_model_arg`]).
+pub fn serve_by_default(mut args: Vec<OsString>) -> Result<Vec<OsString>> {
+    let first = args.get(1).map(|a| a.to_string_lossy().into_owned());
+    if let Some(f) = first {
+        let meta = ["-h", "--help", "-V", "--version"];
+        if f.starts_with('-') && !meta.contains(&f.as_str()) {
+            args.insert(1, "serve".into());
+        }
+    }
+    if args.get(1).is_some_and(|a| a == "serve") {
+        return expand_model_arg(args);
+    }
+    Ok(args)
+}
+
+/// `--model NAME[:TAG]` names an Ollama model, but `--gguf` (shared with `run`
+/// and `bench`) is a required path: the name is resolved before clap parses, and
+/// `--gguf BLOB` is added when absent. Other arguments pass unchanged.
+pub fn expand_model_arg(args: Vec<OsString>) -> Result<Vec<OsString>> {
+    let mut name = None;
+    let mut has_gguf = false;
+    let mut it = args.iter().map(|a| a.to_string_lossy());
+    while let Some(s) = it.next() {
+        if s == "--model" {
+            name = it.next().map(|n| n.into_owned());
+        } else if let Some(n) = s.strip_prefix("--model=") {
+            name = Some(n.to_string());
+        } else if s == "--gguf" || s.starts_with("--gguf=") {
+            has_gguf = true;
+        }
+    }
+    let mut out = args;
+    if let (Some(n), false) = (name, has_gguf) {
+        let m = ollama_store::resolve(&ollama_store::default_root(), &n)?;
+        out.push("--gguf".into());
+        out.push(m.gguf.into_os_string());
+    }
+    Ok(out)
+}
+
+/// Loads the model, starts the engine and serves until Ctrl-C / SIGTERM.
+pub fn run(a: ServeArgs) -> Result<()> {
+    let gguf = a.model.gguf.clone();
+    let resolved = a
+        .ollama_model
+        .as_ref()
+        .map(|n| ollama_store::resolve(&ollama_store::default_root(), n))
+        .transpose()?;
+    let digest = resolved.as_ref().map(|m| m.digest.clone());
+    let name = a
+        .served_name
+        .clone()
+        .or(resolved.map(|m| m.name))
+        .unwrap_or_else(|| {
+            gguf.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "tempo9".into())
+        });
+    let model = crate::load_model(&gguf)?;
+    let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
+    let mut engine_cfg = a.model.engine_config()?;
+    engine_cfg.max_waiting = a.max_waiting.max(1);
+    let handle = Engine::start(model, tok, engine_cfg).context("starting the engine")?;
+    let config = ServerConfig {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key.filter(|k| !k.is_empty()),
+        model_name: name,
+        aliases: a.alias,
+        any_model: a.any_model,
+        max_body_bytes: a.max_body,
+        max_tokens: a.max_tokens,
+        max_concurrent: a.max_concurrent.max(1),
+        volatile_prefixes: a
+            .strip_system_line
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect(),
+        digest,
+    };
+    let state = Arc::new(AppState::new(handle, config)?.with_path(PathBuf::from(&gguf)));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        // Handlers only parse, template and shuttle events; the engine thread computes.
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(tempo9_server::serve(state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("32M"), Ok(32 << 20));
+        assert_eq!(parse_bytes("100"), Ok(100));
+        assert!(parse_bytes("x").is_err());
+    }
+
+    fn os(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn serving_is_the_default() {
+        let out = serve_by_default(os(&["tempo9", "--gguf", "m.gguf", "--port", "1"])).unwrap();
+        assert_eq!(
+            out,
+            os(&["tempo9", "serve", "--gguf", "m.gguf", "--port", "1"])
+        );
+        for keep in [
+            &["tempo9", "--help"][..],
+            &["tempo9", "run", "--gguf", "m"],
+            &["tempo9"],
+        ] {
+            assert_eq!(serve_by_default(os(keep)).unwrap(), os(keep));
+        }
+    }
+
+    #[test]
+    fn model_arg_passes_through_with_gguf() {
+        let args: Vec<OsString> = ["tempo9", "--gguf", "a.gguf", "--model", "x:1"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(expand_model_arg(args.clone()).unwrap(), args);
+        let args: Vec<OsString> = ["tempo9", "run", "--gguf", "a.gguf"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(expand_model_arg(args.clone()).unwrap(), args);
+    }
+}

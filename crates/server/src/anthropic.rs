@@ -1,0 +1,519 @@
+//! Anthropic Messages API: `/v1/messages` (streaming and not) and
+//! `/v1/messages/count_tokens`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tempo9_engine::Usage;
+
+use crate::chat::{random_id, GenEvent, GenParams, Prompt, Stop, ToolChoice};
+use crate::error::{ApiError, ErrorKind, Family};
+use crate::openai::{num, sampling, stop_strings, uint};
+use crate::{parse_body, sse_event, streaming, AppState};
+
+const F: Family = Family::Anthropic;
+
+/// Text of a content value: a string or an array of blocks (text blocks joined).
+fn blocks_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .filter(|b| b["type"] == "text")
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Converts an Anthropic request's `system` + `messages` into OpenAI-shaped messages.
+pub fn to_openai_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::new();
+    match v.get("system") {
+        None | Some(Value::Null) => {}
+        Some(s @ (Value::String(_) | Value::Array(_))) => {
+            // Blocks stay separate parts so volatile ones can be dropped alone.
+            let parts: Vec<Value> = match s {
+                Value::String(t) => vec![json!({"type": "text", "text": t})],
+                Value::Array(a) => a
+                    .iter()
+                    .filter(|b| b["type"] == "text")
+                    .map(|b| json!({"type": "text", "text": b["text"].as_str().unwrap_or("")}))
+                    .collect(),
+                _ => unreachable!(),
+            };
+            if !parts.is_empty() {
+                out.push(json!({"role": "system", "content": parts}));
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                F,
+                "system",
+                "'system' must be a string or an array of text blocks",
+            ))
+        }
+    }
+    let msgs = v
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad_param(F, "messages", "'messages' must be an array"))?;
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m["role"].as_str().unwrap_or("");
+        let content = &m["content"];
+        let blocks: Vec<Value> = match content {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(a) => a.clone(),
+            _ => {
+                return Err(ApiError::bad_param(
+                    F,
+                    "messages",
+                    format!("messages[{i}].content must be a string or an array of blocks"),
+                ))
+            }
+        };
+        match role {
+            "system" => out.push(json!({"role": "system", "content": blocks_text(content)})),
+            "user" => {
+                let mut text_parts = Vec::new();
+                for b in &blocks {
+                    match b["type"].as_str() {
+                        Some("text") => text_parts.push(
+                            json!({"type": "text", "text": b["text"].as_str().unwrap_or("")}),
+                        ),
+                        Some("tool_result") => {
+                            let mut c = blocks_text(&b["content"]);
+                            if b["is_error"] == true && !c.starts_with("Error") {
+                                c = format!("Error: {c}");
+                            }
+                            out.push(json!({"role": "tool",
+                                "tool_call_id": b["tool_use_id"].as_str().unwrap_or(""),
+                                "content": c}));
+                        }
+                        // Images and documents: the text models served here cannot read them.
+                        Some("image" | "document" | "search_result") => {}
+                        Some(t) => {
+                            return Err(ApiError::bad_param(
+                                F,
+                                "messages",
+                                format!("unsupported content block type '{t}' in a user message"),
+                            ))
+                        }
+                        None => {
+                            return Err(ApiError::bad_param(
+                                F,
+                                "messages",
+                                format!("messages[{i}] has a block without a type"),
+                            ))
+                        }
+                    }
+                }
+                if !text_parts.is_empty() {
+                    out.push(json!({"role": "user", "content": text_parts}));
+                }
+            }
+            "assistant" => {
+                let mut text = String::new();
+                let mut reasoning = String::new();
+                let mut calls = Vec::new();
+                for b in &blocks {
+                    match b["type"].as_str() {
+                        Some("text") => text.push_str(b["text"].as_str().unwrap_or("")),
+                        Some("thinking") => reasoning.push_str(b["thinking"].as_str().unwrap_or("")),
+                        Some("redacted_thinking") => {}
+                        Some("tool_use") => calls.push(json!({
+                            "id": b["id"].as_str().unwrap_or(""),
+                            "type": "function",
+                            "function": {"name": b["name"].as_str().unwrap_or(""),
+                                         "arguments": b.get("input").cloned().unwrap_or(json!({})).to_string()},
+                        })),
+                        Some(t) => return Err(ApiError::bad_param(F, "messages", format!("unsupported content block type '{t}' in an assistant message"))),
+                        None => return Err(ApiError::bad_param(F, "messages", format!("messages[{i}] has a block without a type"))),
+                    }
+                }
+                let mut msg = json!({"role": "assistant", "content": text});
+                if !reasoning.is_empty() {
+                    msg["reasoning_content"] = json!(reasoning);
+                }
+                if !calls.is_empty() {
+                    msg["tool_calls"] = Value::Array(calls);
+                }
+                out.push(msg);
+            }
+            _ => {
+                return Err(ApiError::bad_param(
+                    F,
+                    "messages",
+                    format!("messages[{i}].role must be user or assistant"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Anthropic tools (`{name, description, input_schema}`) as OpenAI function tools.
+pub fn to_openai_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
+    let Some(tools) = v.get("tools").filter(|t| !t.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let arr = tools
+        .as_array()
+        .ok_or_else(|| ApiError::bad_param(F, "tools", "'tools' must be an array"))?;
+    let mut out = Vec::new();
+    for t in arr {
+        let Some(name) = t["name"].as_str().filter(|n| !n.is_empty()) else {
+            return Err(ApiError::bad_param(F, "tools", "each tool needs a name"));
+        };
+        // Server tools (web search, …) have a type and no schema; they cannot run here.
+        if t.get("input_schema").is_none() && t.get("type").is_some_and(|ty| ty != "custom") {
+            continue;
+        }
+        let mut f = json!({"name": name,
+            "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object", "properties": {}}))});
+        if let Some(d) = t["description"].as_str() {
+            f["description"] = json!(d);
+        }
+        out.push(json!({"type": "function", "function": f}));
+    }
+    Ok(out)
+}
+
+fn tool_choice(v: &Value) -> Result<(ToolChoice, bool), ApiError> {
+    let tc = &v["tool_choice"];
+    if tc.is_null() {
+        return Ok((ToolChoice::Auto, true));
+    }
+    let parallel = tc["disable_parallel_tool_use"] != true;
+    let c = match tc["type"].as_str() {
+        Some("auto") => ToolChoice::Auto,
+        Some("any") => ToolChoice::Required,
+        Some("none") => ToolChoice::None,
+        Some("tool") => ToolChoice::Named(
+            tc["name"]
+                .as_str()
+                .ok_or_else(|| {
+                    ApiError::bad_param(F, "tool_choice", "tool_choice of type 'tool' needs a name")
+                })?
+                .to_string(),
+        ),
+        _ => {
+            return Err(ApiError::bad_param(
+                F,
+                "tool_choice",
+                "tool_choice.type must be auto, any, tool or none",
+            ))
+        }
+    };
+    Ok((c, parallel))
+}
+
+fn prompt_of(v: &Value) -> Result<(Prompt, bool), ApiError> {
+    let messages = to_openai_messages(v)?;
+    let tools = to_openai_tools(v)?;
+    let (choice, parallel) = tool_choice(v)?;
+    Ok((
+        Prompt::Chat {
+            messages,
+            tools,
+            tool_choice: choice,
+        },
+        parallel,
+    ))
+}
+
+/// Anthropic usage: `input_tokens` excludes tokens read from the cache.
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": u.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+fn stop_reason(s: &Stop) -> (&'static str, Value) {
+    match s {
+        Stop::ToolCalls => ("tool_use", Value::Null),
+        Stop::Length => ("max_tokens", Value::Null),
+        Stop::StopString(s) => ("stop_sequence", json!(s)),
+        _ => ("end_turn", Value::Null),
+    }
+}
+
+fn tool_use_block(call: &crate::tools::ToolCall) -> Value {
+    let input: Value = serde_json::from_str(&call.arguments).unwrap_or(json!({}));
+    json!({"type": "tool_use", "id": format!("toolu_{}", random_id(24)), "name": call.name, "input": input})
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match messages_inner(st, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn messages_inner(
+    st: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let v = parse_body(F, body)?;
+    st.check_model(F, v["model"].as_str())?;
+    let max_tokens = uint(&v, "max_tokens", F)?
+        .ok_or_else(|| ApiError::bad_param(F, "max_tokens", "max_tokens: field required"))?;
+    let (prompt, parallel) = prompt_of(&v)?;
+    let mut s = sampling(&v, F)?;
+    if num(&v, "temperature", 0.0, 1.0, F)?.is_none() {
+        // Anthropic's default temperature is 1.0; keep llama-server's 0.8 defaults otherwise.
+        s.temperature = 1.0;
+    }
+    let params = GenParams {
+        max_tokens: Some(max_tokens),
+        sampling: s,
+        stop: stop_strings(&v, "stop_sequences", F)?,
+        logprobs: false,
+        top_logprobs: 0,
+        grammar: None,
+    };
+    let stream = v["stream"].as_bool().unwrap_or(false);
+    let model = v["model"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| st.config.model_name.clone());
+    let slot = st.slot(F)?;
+    let st2 = st.clone();
+    let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
+        .await
+        .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let prompt_tokens = prepared.tokens.len();
+    let mut gen = st.start(F, prepared, received).await?;
+    let id = format!("msg_{}", random_id(24));
+    if !stream {
+        let c = gen.collect().await;
+        drop(slot);
+        if let Stop::Error(e) = &c.stop {
+            return Err(ApiError::new(F, ErrorKind::Internal, e.clone()));
+        }
+        let mut content = Vec::new();
+        if !c.text.is_empty() {
+            content.push(json!({"type": "text", "text": c.text}));
+        }
+        let mut calls = c.calls.clone();
+        if !parallel {
+            calls.truncate(1);
+        }
+        content.extend(calls.iter().map(tool_use_block));
+        let (reason, seq) = stop_reason(&c.stop);
+        return Ok(axum::Json(json!({
+            "id": id, "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": reason, "stop_sequence": seq,
+            "usage": usage_json(&c.usage),
+        }))
+        .into_response());
+    }
+    Ok(streaming("text/event-stream", move |tx| async move {
+        let _slot = slot;
+        let start = json!({"type": "message_start", "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0,
+                      "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}}});
+        if tx.send(sse_event("message_start", &start)).await.is_err() {
+            return;
+        }
+        let _ = tx.send(sse_event("ping", &json!({"type": "ping"}))).await;
+        // Index of the next block and whether a text block is open.
+        let mut index = 0usize;
+        let mut text_open = false;
+        let mut send = Vec::new();
+        while let Some(events) = gen.next().await {
+            for e in events {
+                match e {
+                    GenEvent::Text(t) => {
+                        if !text_open {
+                            send.push(sse_event(
+                                "content_block_start",
+                                &json!({"type": "content_block_start",
+                                "index": index, "content_block": {"type": "text", "text": ""}}),
+                            ));
+                            text_open = true;
+                        }
+                        send.push(sse_event(
+                            "content_block_delta",
+                            &json!({"type": "content_block_delta",
+                            "index": index, "delta": {"type": "text_delta", "text": t}}),
+                        ));
+                    }
+                    GenEvent::ToolCall { index: ci, call } => {
+                        if !parallel && ci > 0 {
+                            continue;
+                        }
+                        if text_open {
+                            send.push(sse_event(
+                                "content_block_stop",
+                                &json!({"type": "content_block_stop", "index": index}),
+                            ));
+                            text_open = false;
+                            index += 1;
+                        }
+                        let mut block = tool_use_block(&call);
+                        let input = std::mem::replace(&mut block["input"], json!({}));
+                        send.push(sse_event(
+                            "content_block_start",
+                            &json!({"type": "content_block_start",
+                            "index": index, "content_block": block}),
+                        ));
+                        send.push(sse_event("content_block_delta", &json!({"type": "content_block_delta",
+                            "index": index, "delta": {"type": "input_json_delta", "partial_json": input.to_string()}})));
+                        send.push(sse_event(
+                            "content_block_stop",
+                            &json!({"type": "content_block_stop", "index": index}),
+                        ));
+                        index += 1;
+                    }
+                    GenEvent::Reasoning(_) | GenEvent::Logprobs(_) => {}
+                    GenEvent::Done { stop, usage } => {
+                        if text_open {
+                            send.push(sse_event(
+                                "content_block_stop",
+                                &json!({"type": "content_block_stop", "index": index}),
+                            ));
+                        }
+                        if let Stop::Error(msg) = &stop {
+                            send.push(sse_event(
+                                "error",
+                                &ApiError::new(F, ErrorKind::Internal, msg.clone()).body(),
+                            ));
+                        } else {
+                            let (reason, seq) = stop_reason(&stop);
+                            send.push(sse_event(
+                                "message_delta",
+                                &json!({"type": "message_delta",
+                                "delta": {"stop_reason": reason, "stop_sequence": seq},
+                                "usage": usage_json(&usage)}),
+                            ));
+                            send.push(sse_event("message_stop", &json!({"type": "message_stop"})));
+                        }
+                    }
+                }
+            }
+            for b in send.drain(..) {
+                if tx.send(b).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }))
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's token count as rendered.
+pub async fn count_tokens(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        let v = parse_body(F, body)?;
+        st.check_model(F, v["model"].as_str())?;
+        let (prompt, _) = prompt_of(&v)?;
+        let st2 = st.clone();
+        // Counting must not fail on the context limit: render and tokenize only.
+        let n = tokio::task::spawn_blocking(move || st2.tokenize(F, prompt).map(|t| t.0.len()))
+            .await
+            .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+        Ok::<_, ApiError>(axum::Json(json!({"input_tokens": n})).into_response())
+    }
+    .await;
+    r.unwrap_or_else(|e| e.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_system_blocks_tools_and_results() {
+        let v = json!({
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc=1"},
+                       {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18C"}]},
+                    {"type": "text", "text": "Thanks"}]},
+            ]
+        });
+        let m = to_openai_messages(&v).unwrap();
+        assert_eq!(m[0]["role"], "system");
+        assert_eq!(m[0]["content"][1]["text"], "Be brief.");
+        assert_eq!(
+            m[2]["tool_calls"][0]["function"]["arguments"],
+            r#"{"city":"Paris"}"#
+        );
+        assert_eq!(m[2]["tool_calls"][0]["id"], "toolu_1");
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "toolu_1", "content": "18C"})
+        );
+        assert_eq!(m[4]["role"], "user");
+        assert_eq!(m.len(), 5);
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert!(
+            to_openai_messages(&json!({"messages": [{"role": "robot", "content": "x"}]})).is_err()
+        );
+        assert!(to_openai_messages(
+            &json!({"messages": [{"role": "user", "content": [{"type": "video"}]}]})
+        )
+        .is_err());
+        assert!(to_openai_messages(&json!({"system": 5, "messages": []})).is_err());
+        assert!(to_openai_tools(&json!({"tools": [{"description": "no name"}]})).is_err());
+    }
+
+    #[test]
+    fn tools_and_choice() {
+        let t = to_openai_tools(&json!({"tools": [{"name": "f", "description": "d",
+            "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "web_search"}]})).unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0]["function"]["parameters"], json!({"type": "object"}));
+        assert_eq!(
+            tool_choice(&json!({"tool_choice": {"type": "any"}}))
+                .unwrap()
+                .0,
+            ToolChoice::Required
+        );
+        let (c, par) = tool_choice(&json!({"tool_choice": {"type": "tool", "name": "f",
+            "disable_parallel_tool_use": true}}))
+        .unwrap();
+        assert_eq!(c, ToolChoice::Named("f".into()));
+        assert!(!par);
+    }
+
+    #[test]
+    fn usage_splits_cached_input() {
+        let u = Usage {
+            prompt_tokens: 100,
+            cached_tokens: 64,
+            completion_tokens: 5,
+            preemptions: 0,
+        };
+        let j = usage_json(&u);
+        assert_eq!(j["input_tokens"], 36);
+        assert_eq!(j["cache_read_input_tokens"], 64);
+    }
+}

@@ -1,0 +1,632 @@
+//! The API-independent core of a generation request: prompt rendering and
+//! tokenization, mapping parameters to an engine [`Request`], and turning the
+//! engine's events into parsed output ([`GenEvent`]s) for the adapters.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use tempo9_engine::{
+    Event, FinishReason, Request, RequestStream, SamplingParams, StopConditions, SubmitError, Usage,
+};
+
+use crate::error::{ApiError, ErrorKind, Family};
+use crate::tools::{Piece, ToolCall, ToolParser};
+use crate::AppState;
+
+/// What the client asked about tool use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// No tool calls: tools are not shown to the model.
+    None,
+    /// The model must call some tool.
+    Required,
+    /// The model must call this function.
+    Named(String),
+}
+
+/// Generation parameters common to every API.
+#[derive(Debug, Clone, Default)]
+pub struct GenParams {
+    /// Most tokens to generate (`None`: up to the context limit / server cap).
+    pub max_tokens: Option<usize>,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Report the chosen token's log-probability.
+    pub logprobs: bool,
+    /// Also report this many alternatives per token.
+    pub top_logprobs: usize,
+    /// Constrain the output to this grammar (JSON mode, JSON schema).
+    pub grammar: Option<tempo9_grammar::Grammar>,
+}
+
+/// Where the prompt comes from.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// OpenAI-shaped messages and tools, rendered with the model's chat template.
+    Chat {
+        /// Messages (`role`, `content`, `tool_calls`, `tool_call_id`, …).
+        messages: Vec<Value>,
+        /// Tools (`{type: "function", function: {name, description, parameters}}`).
+        tools: Vec<Value>,
+        /// Tool-use policy.
+        tool_choice: ToolChoice,
+    },
+    /// Raw text, tokenized as is (special-token text is parsed).
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// A request ready to submit.
+pub struct Prepared {
+    /// Prompt token ids.
+    pub tokens: Vec<u32>,
+    /// Text already appended to the prompt that starts a forced tool call.
+    pub forced_prefix: Option<String>,
+    /// Whether tool calls are parsed out of the output.
+    pub parse_calls: bool,
+    /// The request's tools (for parameter types).
+    pub tools: Vec<Value>,
+    /// Parameters.
+    pub params: GenParams,
+    /// The most tokens that will be generated.
+    pub max_tokens: usize,
+    /// The compiled grammar, when one was asked for.
+    pub constraint: Option<tempo9_grammar::Constraint>,
+}
+
+/// Lines clients put in system prompts that change on every request (billing
+/// headers, request ids): removed so the prompt prefix stays cacheable.
+pub fn strip_volatile(text: &str, prefixes: &[String]) -> String {
+    if !prefixes
+        .iter()
+        .any(|p| text.to_ascii_lowercase().contains(&p.to_ascii_lowercase()))
+    {
+        return text.to_string();
+    }
+    let kept: Vec<&str> = text
+        .split_inclusive('\n')
+        .filter(|l| {
+            let t = l.trim_start().to_ascii_lowercase();
+            !prefixes
+                .iter()
+                .any(|p| t.starts_with(&p.to_ascii_lowercase()))
+        })
+        .collect();
+    kept.concat()
+}
+
+/// Removes volatile lines from system messages; drops system messages left empty.
+fn clean_system(messages: &mut Vec<Value>, prefixes: &[String]) {
+    if prefixes.is_empty() {
+        return;
+    }
+    messages.retain_mut(|m| {
+        if !matches!(m["role"].as_str(), Some("system" | "developer")) {
+            return true;
+        }
+        match &mut m["content"] {
+            Value::String(s) => {
+                *s = strip_volatile(s, prefixes);
+                !s.trim().is_empty()
+            }
+            Value::Array(parts) => {
+                for p in parts.iter_mut() {
+                    if let Some(Value::String(t)) = p.get_mut("text") {
+                        *t = strip_volatile(t, prefixes);
+                    }
+                }
+                parts.retain(|p| p.get("text").and_then(Value::as_str) != Some(""));
+                !parts.is_empty()
+            }
+            _ => true,
+        }
+    });
+}
+
+impl AppState {
+    /// Renders and tokenizes a prompt and fixes the output budget. CPU-bound:
+    /// call it off the async runtime.
+    pub fn prepare(
+        &self,
+        family: Family,
+        prompt: Prompt,
+        params: GenParams,
+    ) -> Result<Prepared, ApiError> {
+        let (tokens, forced_prefix, parse_calls, tools) = self.tokenize(family, prompt)?;
+        if tokens.is_empty() {
+            return Err(ApiError::bad(family, "the prompt is empty"));
+        }
+        let ctx = self.engine.max_context();
+        if tokens.len() >= ctx {
+            return Err(ApiError::new(
+                family,
+                ErrorKind::ContextOverflow,
+                format!(
+                    "the prompt has {} tokens; this server's context limit is {ctx} tokens (prompt + output)",
+                    tokens.len()
+                ),
+            ));
+        }
+        let room = ctx - tokens.len();
+        let cap = self.config.max_tokens.unwrap_or(usize::MAX);
+        let max_tokens = params.max_tokens.unwrap_or(usize::MAX).min(room).min(cap);
+        if params.max_tokens == Some(0) {
+            return Err(ApiError::bad_param(
+                family,
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ));
+        }
+        let constraint = match &params.grammar {
+            None => None,
+            Some(g) => {
+                let compiler =
+                    tempo9_grammar::GrammarCompiler::for_tokenizer(self.engine.tokenizer())
+                        .map_err(|e| ApiError::new(family, ErrorKind::Internal, e.to_string()))?;
+                Some(
+                    compiler
+                        .compile(g)
+                        .map_err(|e| ApiError::bad(family, e.to_string()))?,
+                )
+            }
+        };
+        Ok(Prepared {
+            tokens,
+            forced_prefix,
+            parse_calls,
+            tools,
+            params,
+            max_tokens,
+            constraint,
+        })
+    }
+
+    /// Renders (chat) and tokenizes a prompt: (token ids, forced tool-call
+    /// prefix, whether to parse calls, tools).
+    #[allow(clippy::type_complexity)]
+    pub fn tokenize(
+        &self,
+        family: Family,
+        prompt: Prompt,
+    ) -> Result<(Vec<u32>, Option<String>, bool, Vec<Value>), ApiError> {
+        let tok = self.engine.tokenizer();
+        Ok(match prompt {
+            Prompt::Chat {
+                mut messages,
+                tools,
+                tool_choice,
+            } => {
+                if messages.is_empty() {
+                    return Err(ApiError::bad_param(
+                        family,
+                        "messages",
+                        "messages must not be empty",
+                    ));
+                }
+                clean_system(&mut messages, &self.config.volatile_prefixes);
+                let show_tools = !tools.is_empty() && tool_choice != ToolChoice::None;
+                if let ToolChoice::Named(n) = &tool_choice {
+                    let known = tools
+                        .iter()
+                        .any(|t| t["function"]["name"].as_str() == Some(n.as_str()));
+                    if !known {
+                        return Err(ApiError::bad_param(
+                            family,
+                            "tool_choice",
+                            format!("tool_choice names '{n}', which is not among the tools"),
+                        ));
+                    }
+                }
+                if matches!(tool_choice, ToolChoice::Required) && tools.is_empty() {
+                    return Err(ApiError::bad_param(
+                        family,
+                        "tool_choice",
+                        "tool_choice 'required' needs at least one tool",
+                    ));
+                }
+                let mut text = self
+                    .template
+                    .render(&messages, show_tools.then_some(&tools[..]), true)
+                    .map_err(|e| ApiError::bad(family, e.to_string()))?;
+                let forced = match (&tool_choice, show_tools) {
+                    (ToolChoice::Required, true) => self.tool_format.forced_prefix(None),
+                    (ToolChoice::Named(n), true) => self.tool_format.forced_prefix(Some(n)),
+                    _ => None,
+                };
+                if let Some(f) = &forced {
+                    text.push_str(f);
+                }
+                tracing::debug!(prompt = %text, "rendered chat prompt");
+                let ids = tok.encode(&text, true, true);
+                (ids, forced, show_tools, tools)
+            }
+            Prompt::Text(t) => (tok.encode(&t, true, true), None, false, Vec::new()),
+            Prompt::Tokens(ids) => {
+                let n = tok.vocab_size();
+                if let Some(t) = ids.iter().find(|&&t| t as usize >= n) {
+                    return Err(ApiError::bad_param(
+                        family,
+                        "prompt",
+                        format!("token id {t} is outside the vocabulary ({n} tokens)"),
+                    ));
+                }
+                (ids, None, false, Vec::new())
+            }
+        })
+    }
+
+    /// Submits a prepared request to the engine.
+    pub async fn start(
+        self: &Arc<Self>,
+        family: Family,
+        p: Prepared,
+        received: Instant,
+    ) -> Result<Generation, ApiError> {
+        let prompt_tokens = p.tokens.len();
+        let mut req = Request::new(p.tokens, p.max_tokens);
+        req.sampling = p.params.sampling.clone();
+        req.stop = StopConditions {
+            eog: true,
+            strings: p.params.stop.clone(),
+            token_ids: Vec::new(),
+        };
+        req.logprobs = p.params.logprobs;
+        req.top_logprobs = p.params.top_logprobs;
+        if let Some(c) = p.constraint {
+            req.constraint = Some(Box::new(c));
+        }
+        let engine = self.engine.clone();
+        let stream = tokio::task::spawn_blocking(move || engine.submit(req))
+            .await
+            .map_err(|e| ApiError::new(family, ErrorKind::Internal, e.to_string()))?
+            .map_err(|e| submit_error(family, e))?;
+        let mut parser = self.tool_format.parser(&p.tools, p.parse_calls);
+        let mut pending = Vec::new();
+        if let Some(prefix) = &p.forced_prefix {
+            parser.push(prefix, &mut pending);
+        }
+        Ok(Generation {
+            state: self.clone(),
+            stream,
+            parser,
+            pending,
+            received,
+            last_token: None,
+            prompt_tokens,
+            calls: 0,
+            done: false,
+            want_logprobs: p.params.logprobs,
+        })
+    }
+}
+
+/// Maps an engine refusal to an API error.
+pub fn submit_error(family: Family, e: SubmitError) -> ApiError {
+    let kind = match e {
+        SubmitError::QueueFull { .. } => ErrorKind::QueueFull,
+        SubmitError::PromptTooLong { .. } => ErrorKind::ContextOverflow,
+        SubmitError::BadRequest(_) => ErrorKind::BadRequest,
+        SubmitError::Stopped => ErrorKind::Internal,
+    };
+    ApiError::new(family, kind, e.to_string())
+}
+
+/// How a generation ended, in API-neutral terms.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stop {
+    /// The model ended its answer (end-of-generation token).
+    EndTurn,
+    /// A stop string matched.
+    StopString(String),
+    /// The output ended with tool calls.
+    ToolCalls,
+    /// The token budget or the context ran out.
+    Length,
+    /// The client went away.
+    Cancelled,
+    /// The engine failed.
+    Error(String),
+}
+
+/// One token's log-probability data.
+#[derive(Debug, Clone)]
+pub struct TokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its bytes (may be a partial UTF-8 sequence).
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely alternatives: (text, bytes, logprob).
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+impl TokenLogprob {
+    /// OpenAI's `logprobs.content[i]` object.
+    pub fn to_openai(&self) -> Value {
+        json!({
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": self.bytes,
+            "top_logprobs": self.top.iter().map(|(t, b, l)| json!({
+                "token": t, "logprob": l, "bytes": b})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Parsed output, in order.
+#[derive(Debug, Clone)]
+pub enum GenEvent {
+    /// Answer text.
+    Text(String),
+    /// Reasoning text.
+    Reasoning(String),
+    /// A complete tool call (`index` counts calls of this response from 0).
+    ToolCall {
+        /// Position among this response's calls.
+        index: usize,
+        /// The call.
+        call: ToolCall,
+    },
+    /// Log-probabilities of generated tokens.
+    Logprobs(Vec<TokenLogprob>),
+    /// The end, always last.
+    Done {
+        /// Why.
+        stop: Stop,
+        /// Token counts.
+        usage: Usage,
+    },
+}
+
+/// A running generation: pulls engine events and parses them.
+pub struct Generation {
+    state: Arc<AppState>,
+    stream: RequestStream,
+    parser: Box<dyn ToolParser>,
+    pending: Vec<Piece>,
+    received: Instant,
+    last_token: Option<Instant>,
+    prompt_tokens: usize,
+    calls: usize,
+    done: bool,
+    want_logprobs: bool,
+}
+
+impl Generation {
+    /// Prompt tokens of this request.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    fn convert(&mut self, pieces: Vec<Piece>, out: &mut Vec<GenEvent>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => out.push(GenEvent::Text(t)),
+                Piece::Reasoning(t) => out.push(GenEvent::Reasoning(t)),
+                Piece::Call(call) => {
+                    out.push(GenEvent::ToolCall {
+                        index: self.calls,
+                        call,
+                    });
+                    self.calls += 1;
+                }
+            }
+        }
+    }
+
+    /// The next batch of events (possibly empty); `None` after [`GenEvent::Done`].
+    pub async fn next(&mut self) -> Option<Vec<GenEvent>> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
+        self.convert(pending, &mut out);
+        let event = self.stream.recv().await;
+        let tok = self.state.engine.tokenizer().clone();
+        match event {
+            Some(Event::Token(t)) => {
+                let now = Instant::now();
+                match self.last_token {
+                    None => self.state.metrics.first_token(now - self.received),
+                    Some(prev) => self.state.metrics.next_token(now - prev),
+                }
+                self.last_token = Some(now);
+                let mut text = t.text;
+                if text.is_empty() {
+                    // Special tokens are detokenized without text; markup tokens
+                    // of this model's tool format are needed by the parser.
+                    if let Some(piece) = tok.token_text(t.id) {
+                        if self.state.tool_format.markup_tokens().contains(&piece)
+                            && !tok.is_eog(t.id)
+                        {
+                            text = piece.to_string();
+                        }
+                    }
+                }
+                let mut pieces = Vec::new();
+                self.parser.push(&text, &mut pieces);
+                self.convert(pieces, &mut out);
+                if self.want_logprobs {
+                    if let Some(lp) = t.logprob {
+                        let piece = |id: u32| {
+                            let b = tok.token_piece(id, true).to_vec();
+                            (String::from_utf8_lossy(&b).into_owned(), b)
+                        };
+                        let (token, bytes) = piece(t.id);
+                        let top = t
+                            .top_logprobs
+                            .iter()
+                            .map(|&(id, l)| {
+                                let (s, b) = piece(id);
+                                (s, b, l)
+                            })
+                            .collect();
+                        out.push(GenEvent::Logprobs(vec![TokenLogprob {
+                            token,
+                            bytes,
+                            logprob: lp,
+                            top,
+                        }]));
+                    }
+                }
+            }
+            Some(Event::Finished(f)) => {
+                let mut pieces = Vec::new();
+                self.parser.finish(&mut pieces);
+                self.convert(pieces, &mut out);
+                let stop = match f.reason {
+                    FinishReason::Length | FinishReason::ContextFull => Stop::Length,
+                    FinishReason::StopString(s) => Stop::StopString(s),
+                    FinishReason::Cancelled => Stop::Cancelled,
+                    FinishReason::Error(e) => Stop::Error(e),
+                    FinishReason::StopToken(_)
+                    | FinishReason::ConstraintDone
+                    | FinishReason::ConstraintDeadEnd(_) => Stop::EndTurn,
+                };
+                // Calls end the turn unless the budget cut the output.
+                let stop = match stop {
+                    Stop::EndTurn | Stop::StopString(_) if self.calls > 0 => Stop::ToolCalls,
+                    s => s,
+                };
+                let reason = match &stop {
+                    Stop::EndTurn | Stop::StopString(_) => "stop",
+                    Stop::ToolCalls => "tool_calls",
+                    Stop::Length => "length",
+                    Stop::Cancelled => "cancelled",
+                    Stop::Error(_) => "error",
+                };
+                self.state.metrics.finished(
+                    reason,
+                    f.usage.prompt_tokens,
+                    f.usage.cached_tokens,
+                    f.usage.completion_tokens,
+                    self.received.elapsed(),
+                );
+                self.done = true;
+                out.push(GenEvent::Done {
+                    stop,
+                    usage: f.usage,
+                });
+            }
+            None => {
+                self.done = true;
+                out.push(GenEvent::Done {
+                    stop: Stop::Error("the engine dropped the request".into()),
+                    usage: Usage {
+                        prompt_tokens: self.prompt_tokens,
+                        ..Usage::default()
+                    },
+                });
+            }
+        }
+        Some(out)
+    }
+
+    /// Runs to the end, collecting everything.
+    pub async fn collect(mut self) -> Collected {
+        let mut c = Collected::default();
+        while let Some(events) = self.next().await {
+            for e in events {
+                match e {
+                    GenEvent::Text(t) => c.text.push_str(&t),
+                    GenEvent::Reasoning(t) => c.reasoning.push_str(&t),
+                    GenEvent::ToolCall { call, .. } => c.calls.push(call),
+                    GenEvent::Logprobs(l) => c.logprobs.extend(l),
+                    GenEvent::Done { stop, usage } => {
+                        c.stop = stop;
+                        c.usage = usage;
+                    }
+                }
+            }
+        }
+        c
+    }
+}
+
+/// A whole generation's output.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    /// Answer text.
+    pub text: String,
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Tool calls.
+    pub calls: Vec<ToolCall>,
+    /// Per-token log-probabilities (when asked for).
+    pub logprobs: Vec<TokenLogprob>,
+    /// Why it ended.
+    pub stop: Stop,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+impl Default for Collected {
+    fn default() -> Self {
+        Collected {
+            text: String::new(),
+            reasoning: String::new(),
+            calls: Vec::new(),
+            logprobs: Vec::new(),
+            stop: Stop::EndTurn,
+            usage: Usage::default(),
+        }
+    }
+}
+
+/// Random id suffix (alphanumeric), for response and tool-call ids.
+pub fn random_id(len: usize) -> String {
+    use rand::Rng;
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut r = rand::rng();
+    (0..len)
+        .map(|_| CHARS[r.random_range(0..CHARS.len())] as char)
+        .collect()
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volatile_lines_are_removed() {
+        let p = vec!["x-anthropic-billing-header:".to_string()];
+        assert_eq!(
+            strip_volatile(
+                "x-anthropic-billing-header: cc_version=1.0.1; cc_entrypoint=cli\nYou are Claude Code.",
+                &p
+            ),
+            "You are Claude Code."
+        );
+        assert_eq!(strip_volatile("plain system", &p), "plain system");
+        let mut msgs = vec![
+            json!({"role": "system", "content": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2"},
+                {"type": "text", "text": "Stable part"}]}),
+            json!({"role": "system", "content": "X-Anthropic-Billing-Header: abc"}),
+            json!({"role": "user", "content": "x-anthropic-billing-header: kept in user turns"}),
+        ];
+        clean_system(&mut msgs, &p);
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(
+            msgs[0]["content"],
+            json!([{"type": "text", "text": "Stable part"}])
+        );
+        assert_eq!(msgs[1]["role"], "user");
+    }
+}

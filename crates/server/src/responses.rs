@@ -1,0 +1,477 @@
+//! OpenAI Responses API: `POST /v1/responses` with messages, function tools and
+//! the streaming event sequence (`response.created` … `response.completed`).
+//! Stateless: `previous_response_id` is refused (nothing is stored).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tempo9_engine::Usage;
+
+use crate::chat::{random_id, unix_time, GenEvent, GenParams, Prompt, Stop, ToolChoice};
+use crate::error::{ApiError, ErrorKind, Family};
+use crate::openai::{boolean, sampling, uint};
+use crate::tools::ToolCall;
+use crate::{parse_body, sse_event, streaming, AppState};
+
+const F: Family = Family::OpenAi;
+
+fn part_text(c: &Value) -> String {
+    match c {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p["type"].as_str(),
+                    Some("input_text" | "output_text" | "text")
+                )
+            })
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// `instructions` + `input` → OpenAI chat messages.
+pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::new();
+    if let Some(i) = v["instructions"].as_str().filter(|s| !s.is_empty()) {
+        out.push(json!({"role": "system", "content": i}));
+    }
+    match &v["input"] {
+        Value::String(s) => out.push(json!({"role": "user", "content": s})),
+        Value::Array(items) => {
+            for (i, it) in items.iter().enumerate() {
+                let ty = it["type"].as_str().unwrap_or("message");
+                match ty {
+                    "message" => {
+                        let role = it["role"].as_str().unwrap_or("");
+                        if !matches!(role, "user" | "assistant" | "system" | "developer") {
+                            return Err(ApiError::bad_param(
+                                F,
+                                "input",
+                                format!(
+                                    "input[{i}].role must be user, assistant, system or developer"
+                                ),
+                            ));
+                        }
+                        out.push(json!({"role": role, "content": part_text(&it["content"])}));
+                    }
+                    "function_call" => {
+                        let call = json!({"id": it["call_id"].as_str().unwrap_or(""), "type": "function",
+                            "function": {"name": it["name"].as_str().unwrap_or(""),
+                                         "arguments": it["arguments"].as_str().unwrap_or("{}")}});
+                        // Consecutive calls belong to one assistant turn.
+                        match out.last_mut() {
+                            Some(last)
+                                if last["role"] == "assistant"
+                                    && last.get("tool_calls").is_some() =>
+                            {
+                                if let Some(a) = last["tool_calls"].as_array_mut() {
+                                    a.push(call);
+                                }
+                            }
+                            Some(last) if last["role"] == "assistant" => {
+                                last["tool_calls"] = json!([call])
+                            }
+                            _ => out.push(
+                                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
+                            ),
+                        }
+                    }
+                    "function_call_output" => {
+                        let output = match &it["output"] {
+                            Value::String(s) => s.clone(),
+                            o => part_text(o),
+                        };
+                        out.push(json!({"role": "tool", "tool_call_id": it["call_id"].as_str().unwrap_or(""),
+                                        "content": output}));
+                    }
+                    // Reasoning items carry nothing the template renders.
+                    "reasoning" => {}
+                    t => {
+                        return Err(ApiError::bad_param(
+                            F,
+                            "input",
+                            format!("unsupported input item type '{t}'"),
+                        ))
+                    }
+                }
+            }
+        }
+        Value::Null => return Err(ApiError::bad_param(F, "input", "'input' is required")),
+        _ => {
+            return Err(ApiError::bad_param(
+                F,
+                "input",
+                "'input' must be a string or an array of items",
+            ))
+        }
+    }
+    Ok(out)
+}
+
+/// Responses function tools (`{type: "function", name, parameters}`) → chat tools.
+/// Built-in tools (web search, …) cannot run here and are skipped.
+pub fn to_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
+    let Some(arr) = v["tools"].as_array() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for t in arr {
+        if t["type"] != "function" {
+            continue;
+        }
+        let name = t["name"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiError::bad_param(F, "tools", "function tools need a name"))?;
+        let mut f = json!({"name": name,
+            "parameters": t.get("parameters").filter(|p| !p.is_null()).cloned()
+                .unwrap_or(json!({"type": "object", "properties": {}}))});
+        if let Some(d) = t["description"].as_str() {
+            f["description"] = json!(d);
+        }
+        out.push(json!({"type": "function", "function": f}));
+    }
+    Ok(out)
+}
+
+fn tool_choice(v: &Value) -> Result<ToolChoice, ApiError> {
+    match &v["tool_choice"] {
+        Value::Null => Ok(ToolChoice::Auto),
+        Value::String(s) => match s.as_str() {
+            "auto" => Ok(ToolChoice::Auto),
+            "none" => Ok(ToolChoice::None),
+            "required" => Ok(ToolChoice::Required),
+            _ => Err(ApiError::bad_param(
+                F,
+                "tool_choice",
+                format!("unknown tool_choice '{s}'"),
+            )),
+        },
+        o => o["name"]
+            .as_str()
+            .map(|n| ToolChoice::Named(n.to_string()))
+            .ok_or_else(|| {
+                ApiError::bad_param(F, "tool_choice", "tool_choice must name a function")
+            }),
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({"input_tokens": u.prompt_tokens,
+           "input_tokens_details": {"cached_tokens": u.cached_tokens},
+           "output_tokens": u.completion_tokens,
+           "output_tokens_details": {"reasoning_tokens": 0},
+           "total_tokens": u.prompt_tokens + u.completion_tokens})
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    json!({"id": id, "type": "message", "status": status, "role": "assistant",
+           "content": if status == "in_progress" { json!([]) } else {
+               json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]) }})
+}
+
+fn call_item(id: &str, call_id: &str, call: &ToolCall, status: &str) -> Value {
+    json!({"id": id, "type": "function_call", "status": status, "call_id": call_id,
+           "name": call.name, "arguments": if status == "in_progress" { "" } else { call.arguments.as_str() }})
+}
+
+/// The fields every response object carries, echoing the request.
+fn skeleton(v: &Value, id: &str, model: &str, created: u64) -> Value {
+    json!({
+        "id": id, "object": "response", "created_at": created, "status": "in_progress",
+        "error": null, "incomplete_details": null,
+        "instructions": v.get("instructions").cloned().unwrap_or(Value::Null),
+        "max_output_tokens": v.get("max_output_tokens").cloned().unwrap_or(Value::Null),
+        "model": model, "output": [], "parallel_tool_calls": v["parallel_tool_calls"].as_bool().unwrap_or(true),
+        "previous_response_id": null, "reasoning": {"effort": null, "summary": null},
+        "store": false,
+        "temperature": v.get("temperature").cloned().unwrap_or(json!(1.0)),
+        "text": v["text"].get("format").map(|f| json!({"format": f})).unwrap_or(json!({"format": {"type": "text"}})),
+        "tool_choice": v.get("tool_choice").cloned().unwrap_or(json!("auto")),
+        "tools": v.get("tools").cloned().unwrap_or(json!([])),
+        "top_p": v.get("top_p").cloned().unwrap_or(json!(1.0)),
+        "truncation": "disabled", "usage": null, "user": null,
+        "metadata": v.get("metadata").cloned().unwrap_or(json!({})),
+    })
+}
+
+fn finish(resp: &mut Value, stop: &Stop, usage: &Usage, output: Vec<Value>) {
+    resp["output"] = Value::Array(output);
+    resp["usage"] = usage_json(usage);
+    if *stop == Stop::Length {
+        resp["status"] = json!("incomplete");
+        resp["incomplete_details"] = json!({"reason": "max_output_tokens"});
+    } else {
+        resp["status"] = json!("completed");
+    }
+}
+
+/// `POST /v1/responses`.
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match inner(st, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn inner(
+    st: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let v = parse_body(F, body)?;
+    st.check_model(F, v["model"].as_str())?;
+    if v["previous_response_id"].is_string() {
+        return Err(ApiError::bad_param(
+            F,
+            "previous_response_id",
+            "this server stores no responses: send the whole conversation in 'input'",
+        ));
+    }
+    // Responses puts the schema fields beside `type`; the chat API nests them.
+    let format = &v["text"]["format"];
+    let grammar = match format["type"].as_str() {
+        None | Some("text") => None,
+        Some("json_schema") => Some(json!({"type": "json_schema", "json_schema": {
+            "name": format["name"], "schema": format["schema"], "strict": format["strict"]}})),
+        Some(_) => Some(format.clone()),
+    }
+    .map(|f| tempo9_grammar::Grammar::from_openai_response_format(&f))
+    .transpose()
+    .map_err(|e| ApiError::bad_param(F, "text.format", e.to_string()))?
+    .flatten();
+    let messages = to_messages(&v)?;
+    let tools = to_tools(&v)?;
+    let choice = tool_choice(&v)?;
+    let parallel = boolean(&v, "parallel_tool_calls", F)?.unwrap_or(true);
+    let stream = boolean(&v, "stream", F)?.unwrap_or(false);
+    let params = GenParams {
+        max_tokens: uint(&v, "max_output_tokens", F)?,
+        sampling: sampling(&v, F)?,
+        stop: Vec::new(),
+        logprobs: false,
+        top_logprobs: 0,
+        grammar,
+    };
+    let model = st.config.model_name.clone();
+    let slot = st.slot(F)?;
+    let prompt = Prompt::Chat {
+        messages,
+        tools,
+        tool_choice: choice,
+    };
+    let st2 = st.clone();
+    let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
+        .await
+        .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let mut gen = st.start(F, prepared, received).await?;
+    let id = format!("resp_{}", random_id(32));
+    let created = unix_time();
+    let mut resp = skeleton(&v, &id, &model, created);
+    if !stream {
+        let c = gen.collect().await;
+        drop(slot);
+        if let Stop::Error(e) = &c.stop {
+            return Err(ApiError::new(F, ErrorKind::Internal, e.clone()));
+        }
+        let mut output = Vec::new();
+        if !c.text.is_empty() {
+            output.push(message_item(
+                &format!("msg_{}", random_id(24)),
+                &c.text,
+                "completed",
+            ));
+        }
+        let calls = if parallel {
+            &c.calls[..]
+        } else {
+            &c.calls[..c.calls.len().min(1)]
+        };
+        for call in calls {
+            output.push(call_item(
+                &format!("fc_{}", random_id(24)),
+                &format!("call_{}", random_id(24)),
+                call,
+                "completed",
+            ));
+        }
+        finish(&mut resp, &c.stop, &c.usage, output);
+        return Ok(axum::Json(resp).into_response());
+    }
+    Ok(streaming("text/event-stream", move |tx| async move {
+        let _slot = slot;
+        let mut seq = 0u64;
+        let mut ev = |ty: &str, mut data: Value| {
+            data["type"] = json!(ty);
+            data["sequence_number"] = json!(seq);
+            seq += 1;
+            sse_event(ty, &data)
+        };
+        let mut out = vec![
+            ev("response.created", json!({"response": resp.clone()})),
+            ev("response.in_progress", json!({"response": resp.clone()})),
+        ];
+        let mut output: Vec<Value> = Vec::new();
+        // The open message item: (output index, item id, text so far).
+        let mut msg: Option<(usize, String, String)> = None;
+        let close_msg = |msg: &mut Option<(usize, String, String)>,
+                         output: &mut Vec<Value>,
+                         out: &mut Vec<Bytes>,
+                         ev: &mut dyn FnMut(&str, Value) -> Bytes| {
+            if let Some((oi, item_id, text)) = msg.take() {
+                let part =
+                    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+                out.push(ev(
+                    "response.output_text.done",
+                    json!({"item_id": item_id, "output_index": oi,
+                    "content_index": 0, "text": text, "logprobs": []}),
+                ));
+                out.push(ev(
+                    "response.content_part.done",
+                    json!({"item_id": item_id, "output_index": oi,
+                    "content_index": 0, "part": part}),
+                ));
+                let item = message_item(&item_id, &text, "completed");
+                out.push(ev(
+                    "response.output_item.done",
+                    json!({"output_index": oi, "item": item.clone()}),
+                ));
+                output.push(item);
+            }
+        };
+        while let Some(events) = gen.next().await {
+            for e in events {
+                match e {
+                    GenEvent::Text(t) => {
+                        if msg.is_none() {
+                            let item_id = format!("msg_{}", random_id(24));
+                            let oi = output.len();
+                            out.push(ev(
+                                "response.output_item.added",
+                                json!({"output_index": oi,
+                                "item": message_item(&item_id, "", "in_progress")}),
+                            ));
+                            out.push(ev("response.content_part.added", json!({"item_id": item_id, "output_index": oi,
+                                "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}})));
+                            msg = Some((oi, item_id, String::new()));
+                        }
+                        if let Some((oi, item_id, text)) = &mut msg {
+                            text.push_str(&t);
+                            out.push(ev(
+                                "response.output_text.delta",
+                                json!({"item_id": item_id, "output_index": oi,
+                                "content_index": 0, "delta": t, "logprobs": []}),
+                            ));
+                        }
+                    }
+                    GenEvent::ToolCall { index, call } => {
+                        if !parallel && index > 0 {
+                            continue;
+                        }
+                        close_msg(&mut msg, &mut output, &mut out, &mut ev);
+                        let oi = output.len();
+                        let item_id = format!("fc_{}", random_id(24));
+                        let call_id = format!("call_{}", random_id(24));
+                        out.push(ev(
+                            "response.output_item.added",
+                            json!({"output_index": oi,
+                            "item": call_item(&item_id, &call_id, &call, "in_progress")}),
+                        ));
+                        out.push(ev(
+                            "response.function_call_arguments.delta",
+                            json!({"item_id": item_id,
+                            "output_index": oi, "delta": call.arguments}),
+                        ));
+                        out.push(ev(
+                            "response.function_call_arguments.done",
+                            json!({"item_id": item_id,
+                            "output_index": oi, "name": call.name, "arguments": call.arguments}),
+                        ));
+                        let item = call_item(&item_id, &call_id, &call, "completed");
+                        out.push(ev(
+                            "response.output_item.done",
+                            json!({"output_index": oi, "item": item.clone()}),
+                        ));
+                        output.push(item);
+                    }
+                    GenEvent::Reasoning(_) | GenEvent::Logprobs(_) => {}
+                    GenEvent::Done { stop, usage } => {
+                        close_msg(&mut msg, &mut output, &mut out, &mut ev);
+                        if let Stop::Error(m) = &stop {
+                            resp["status"] = json!("failed");
+                            resp["error"] = json!({"code": "server_error", "message": m});
+                            out.push(ev("response.failed", json!({"response": resp.clone()})));
+                        } else {
+                            finish(&mut resp, &stop, &usage, std::mem::take(&mut output));
+                            let ty = if stop == Stop::Length {
+                                "response.incomplete"
+                            } else {
+                                "response.completed"
+                            };
+                            out.push(ev(ty, json!({"response": resp.clone()})));
+                        }
+                    }
+                }
+            }
+            for b in out.drain(..) {
+                if tx.send(b).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_items() {
+        let v = json!({"instructions": "Be brief.", "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+            {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "18C"},
+            {"type": "function_call_output", "call_id": "c2", "output": "noon"}]});
+        let m = to_messages(&v).unwrap();
+        assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
+        assert_eq!(m[1]["content"], "Weather?");
+        assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(m[3]["tool_call_id"], "c1");
+        assert_eq!(m.len(), 5);
+        assert!(to_messages(&json!({"input": [{"type": "computer_call"}]})).is_err());
+        assert!(to_messages(&json!({})).is_err());
+    }
+
+    #[test]
+    fn converts_tools_and_choice() {
+        let t = to_tools(
+            &json!({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}},
+                                           {"type": "web_search"}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            t,
+            vec![
+                json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})
+            ]
+        );
+        assert_eq!(
+            tool_choice(&json!({"tool_choice": {"type": "function", "name": "f"}})).unwrap(),
+            ToolChoice::Named("f".into())
+        );
+    }
+}
