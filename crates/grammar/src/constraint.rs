@@ -1,7 +1,7 @@
 //! Binding grammars to a vocabulary ([`GrammarCompiler`]) and following one
 //! through a generation ([`Constraint`]).
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use llguidance::api::StopReason;
 use llguidance::{Matcher, ParserFactory};
@@ -27,8 +27,7 @@ struct Inner {
     factory: ParserFactory,
 }
 
-type Cache = Vec<(Weak<Tokenizer>, GrammarCompiler)>;
-static CACHE: Mutex<Cache> = Mutex::new(Vec::new());
+static CACHE: Mutex<Vec<GrammarCompiler>> = Mutex::new(Vec::new());
 
 impl GrammarCompiler {
     /// A compiler for `tok`'s vocabulary (not cached; see [`Self::for_tokenizer`]).
@@ -43,19 +42,18 @@ impl GrammarCompiler {
         })
     }
 
-    /// The compiler for `tok`, built on first use and cached for as long as the
-    /// tokenizer lives (keyed by the `Arc`'s identity).
+    /// The compiler for `tok`, built on first use and cached (keyed by the `Arc`'s
+    /// identity) while the tokenizer is in use elsewhere.
     pub fn for_tokenizer(tok: &Arc<Tokenizer>) -> Result<GrammarCompiler, GrammarError> {
         let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        cache.retain(|(w, _)| w.strong_count() > 0);
-        if let Some((_, c)) = cache
-            .iter()
-            .find(|(w, _)| w.upgrade().is_some_and(|t| Arc::ptr_eq(&t, tok)))
-        {
+        // The cached compiler itself holds the tokenizer twice (directly and through
+        // its token environment); drop entries nothing else refers to.
+        cache.retain(|c| Arc::strong_count(&c.inner) > 1 || Arc::strong_count(&c.inner.tok) > 2);
+        if let Some(c) = cache.iter().find(|c| Arc::ptr_eq(&c.inner.tok, tok)) {
             return Ok(c.clone());
         }
         let c = GrammarCompiler::new(tok.clone())?;
-        cache.push((Arc::downgrade(tok), c.clone()));
+        cache.push(c.clone());
         Ok(c)
     }
 

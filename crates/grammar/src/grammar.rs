@@ -218,3 +218,31 @@ pub(crate) fn with_guidance_options(schema: &Value, mode: SchemaMode) -> Value {
     obj.insert("x-guidance".into(), Value::Object(opts));
     Value::Object(obj)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guidance_defaults_never_override_the_caller() {
+        let s = json!({"type": "object"});
+        let strict = with_guidance_options(&s, SchemaMode::Strict);
+        assert_eq!(
+            strict["x-guidance"],
+            json!({"whitespace_pattern": JSON_WHITESPACE})
+        );
+        let lenient = with_guidance_options(&s, SchemaMode::Lenient);
+        assert_eq!(lenient["x-guidance"]["lenient"], json!(true));
+        let own = json!({"type": "object",
+                         "x-guidance": {"whitespace_flexible": false, "lenient": false}});
+        let kept = with_guidance_options(&own, SchemaMode::Lenient);
+        assert_eq!(
+            kept["x-guidance"],
+            json!({"whitespace_flexible": false, "lenient": false})
+        );
+        assert_eq!(
+            with_guidance_options(&json!(true), SchemaMode::Strict),
+            json!(true)
+        );
+    }
+}

@@ -6,13 +6,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{cases, model_path, schema_valid, SMOLLM2};
+use common::{cases, model_path, schema_valid, QWEN, SMOLLM2};
 use serde_json::{json, Value};
 use tempo9_engine::{
     EngineConfig, EngineCore, Event, FinishReason, Request, RequestStream, SamplingParams,
 };
 use tempo9_ggml::Device;
-use tempo9_grammar::{Grammar, GrammarCompiler, SchemaMode};
+use tempo9_grammar::{
+    Grammar, GrammarCompiler, SchemaMode, ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec,
+};
 use tempo9_models::{LoadOptions, Model};
 use tempo9_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -146,4 +148,107 @@ fn smollm2_suite_outputs_parse_and_validate() {
     };
     failures.extend(run_suite(&s, &sampled, "sampled"));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The Hermes tool calls in `text` as (name, arguments), or an error.
+fn hermes_calls(text: &str) -> Result<Vec<(String, Value)>, String> {
+    let mut calls = Vec::new();
+    for part in text.split("<tool_call>\n").skip(1) {
+        let body = part
+            .split("\n</tool_call>")
+            .next()
+            .filter(|_| part.contains("\n</tool_call>"))
+            .ok_or_else(|| format!("unterminated call in {text:?}"))?;
+        let v: Value = serde_json::from_str(body).map_err(|e| format!("{e}: {body:?}"))?;
+        let name = v["name"].as_str().ok_or("no name")?.to_string();
+        calls.push((name, v["arguments"].clone()));
+    }
+    Ok(calls)
+}
+
+#[test]
+fn qwen_tool_calls_follow_the_format_and_schemas() {
+    let Some(s) = setup(QWEN) else { return };
+    let weather = json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"},
+                       "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": false
+    });
+    let time = json!({
+        "type": "object",
+        "properties": {"timezone": {"type": "string", "pattern": "^[A-Za-z_/]+$"}},
+        "required": ["timezone"], "additionalProperties": false
+    });
+    let tools_json = vec![
+        json!({"type": "function", "function": {"name": "get_weather",
+            "description": "Current weather in a city", "parameters": weather}}),
+        json!({"type": "function", "function": {"name": "get_time",
+            "description": "Current time in a timezone", "parameters": time}}),
+    ];
+    let specs: Vec<ToolSpec> = tools_json
+        .iter()
+        .map(|t| ToolSpec {
+            name: t["function"]["name"].as_str().unwrap().into(),
+            parameters: Some(t["function"]["parameters"].clone()),
+            strict: true,
+        })
+        .collect();
+    let messages =
+        [json!({"role": "user", "content": "What's the weather in Paris right now, in celsius?"})];
+    let text = s.chat.render(&messages, Some(&tools_json), true).unwrap();
+    let prompt = s.tok.encode(&text, true, true);
+    let choices = [
+        ToolChoice::Required,
+        ToolChoice::Named("get_time".into()),
+        ToolChoice::Auto,
+    ];
+    let mut streams = Vec::new();
+    for choice in &choices {
+        let g = ToolCallGrammar {
+            format: ToolCallFormat::hermes(),
+            tools: specs.clone(),
+            choice: choice.clone(),
+            parallel: false,
+        }
+        .build(&s.tok)
+        .unwrap();
+        let mut req = Request::new(prompt.clone(), 96);
+        req.constraint = Some(Box::new(s.compiler.compile(&g).unwrap()));
+        // One engine per request: prefix-cache hits on the shared prompt currently
+        // overflow the model's graph-size estimate (GGML_ASSERT n_nodes < size).
+        let mut core = engine(&s);
+        streams.push(core.submit(req).unwrap());
+        core.run_until_idle().unwrap();
+    }
+    for (choice, stream) in choices.iter().zip(streams.iter_mut()) {
+        let out = collect(stream);
+        eprintln!("{choice:?}: {:?} {:?}", out.finish, out.text);
+        let calls = hermes_calls(&out.text).unwrap_or_else(|e| panic!("{choice:?}: {e}"));
+        if *choice != ToolChoice::Auto {
+            assert!(
+                matches!(
+                    out.finish,
+                    FinishReason::ConstraintDone | FinishReason::StopToken(_)
+                ),
+                "{choice:?}: {:?}",
+                out.finish
+            );
+            assert_eq!(calls.len(), 1, "{choice:?}: one call");
+            assert!(
+                out.text.starts_with("<tool_call>\n"),
+                "{choice:?}: nothing before"
+            );
+        }
+        if let ToolChoice::Named(n) = choice {
+            assert_eq!(&calls[0].0, n);
+        }
+        for (name, args) in calls {
+            let spec = specs.iter().find(|t| t.name == name).expect("known tool");
+            assert!(
+                schema_valid(spec.parameters.as_ref().unwrap(), &args),
+                "{choice:?}: {name} arguments {args}"
+            );
+        }
+    }
 }

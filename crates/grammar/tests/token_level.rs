@@ -257,3 +257,28 @@ NUM: /[0-9]+/"#,
     let err = compiler.compile(&g).err().expect("unknown special token");
     assert!(err.to_string().contains("no_such_token"), "{err}");
 }
+
+#[test]
+fn compiler_cache_releases_unused_tokenizers() {
+    let (Some(a), Some(b)) = (tokenizer(SMOLLM2), tokenizer(SMOLLM2)) else {
+        return;
+    };
+    let ca = GrammarCompiler::for_tokenizer(&a).unwrap();
+    let cb = GrammarCompiler::for_tokenizer(&b).unwrap();
+    assert!(
+        !Arc::ptr_eq(ca.tokenizer(), cb.tokenizer()),
+        "keyed by identity"
+    );
+    let weak = Arc::downgrade(&a);
+    drop(ca);
+    // Still in use by this test: kept.
+    GrammarCompiler::for_tokenizer(&b).unwrap();
+    assert!(weak.upgrade().is_some());
+    drop(a);
+    // Only the cache refers to it now: released at the next lookup.
+    GrammarCompiler::for_tokenizer(&b).unwrap();
+    assert!(
+        weak.upgrade().is_none(),
+        "the cache let go of the tokenizer"
+    );
+}
