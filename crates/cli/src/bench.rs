@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::Arc;
 
 use tempo9_engine::{EngineCore, Request};
@@ -24,6 +24,14 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(long, value_name = "N", default_value_t = 3)]
     reps: usize,
+    /// Instead of pp/tg: aggregate throughput of N concurrent requests through the
+    /// engine's request API (comma list for several runs), each with
+    /// --stream-prompt random prompt tokens and --tg generated tokens.
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Prompt tokens of each request in --streams mode.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    stream_prompt: usize,
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
@@ -45,10 +53,38 @@ fn run_all(engine: &mut EngineCore, reqs: Vec<Request>) -> Result<()> {
 
 /// Runs `tempo9 bench` and prints one JSON object.
 pub fn run(a: BenchArgs) -> Result<()> {
-    let model = crate::load_model(&a.model.gguf)?;
+    let model = crate::load_model(&a.model.gguf, &a.model.device)?;
     let n_vocab = model.hparams().n_vocab as u64;
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf())?);
+    let name = a
+        .model
+        .gguf
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    let device = model.device().description();
+    let placement: serde_json::Map<String, Value> = model
+        .weight_placement()
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
     let mut cfg = a.model.engine_config()?;
+    if !a.streams.is_empty() {
+        for (i, &n) in a.streams.iter().enumerate() {
+            let mut r = crate::streams::run(
+                model.clone(),
+                tok.clone(),
+                cfg.clone(),
+                n.max(1),
+                a.stream_prompt.max(1),
+                a.tg.max(1),
+                0x9E37_79B9_7F4A_7C15 ^ i as u64,
+            )?;
+            r["model"] = json!(name);
+            r["device"] = json!(device);
+            println!("{r}");
+        }
+        return Ok(());
+    }
     cfg.step_tokens = cfg.step_tokens.max(a.pp);
     let threads = cfg.threads;
     let mut engine = EngineCore::new(model, tok, cfg)?;
@@ -71,23 +107,45 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pp.push(a.pp as f64 / t0.elapsed().as_secs_f64());
     }
     let mut tg = Vec::new();
+    let (s0, t_tg) = (tempo9_ggml::sched_stats(), std::time::Instant::now());
     for _ in 0..a.reps.max(1) * (a.tg > 0) as usize {
         let t0 = std::time::Instant::now();
         // One prompt token, then tg-1 more single-token steps: tg steps of one token each.
         run_all(&mut engine, vec![request(vec![next()], a.tg)])?;
         tg.push(a.tg as f64 / t0.elapsed().as_secs_f64());
     }
-    let name = a
-        .model
-        .gguf
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned());
+    let tg_profile = step_profile(s0, t_tg.elapsed());
     let out = json!({
         "model": name,
         "threads": threads,
+        "device": device,
+        "weights": placement,
+        "tg_step_profile": tg_profile,
+        "ggml_libs": crate::device::loaded_ggml_libs(),
         "pp": {"n_tokens": a.pp, "tok_s": pp},
         "tg": {"n_tokens": a.tg, "tok_s": tg},
     });
     println!("{out}");
     Ok(())
+}
+
+/// Where the time of the steps since `s0` went, per step, in milliseconds: graph
+/// allocation and computation (the scheduler's counters; computation includes
+/// waiting for the device) and the rest of the host's work (graph building, input
+/// writes, sampling, engine bookkeeping).
+fn step_profile(s0: tempo9_ggml::SchedStats, wall: std::time::Duration) -> Value {
+    let s1 = tempo9_ggml::sched_stats();
+    let steps = (s1.computes - s0.computes).max(1) as f64;
+    let ms = |ns: u64| ns as f64 / 1e6 / steps;
+    let alloc = ms(s1.alloc_ns - s0.alloc_ns);
+    let compute = ms(s1.compute_ns - s0.compute_ns);
+    let total = wall.as_secs_f64() * 1e3 / steps;
+    json!({
+        "steps": s1.computes - s0.computes,
+        "ms_per_step": total,
+        "alloc_ms": alloc,
+        "compute_ms": compute,
+        "other_host_ms": total - alloc - compute,
+        "splits": s1.last_splits,
+    })
 }

@@ -96,7 +96,7 @@ impl Session {
 
 /// Runs `tempo9 run`.
 pub fn run(a: RunArgs) -> Result<()> {
-    let model = crate::load_model(&a.model.gguf)?;
+    let model = crate::load_model(&a.model.gguf, &a.model.device)?;
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
     let template =
         ChatTemplate::for_model(model.gguf(), &tok).context("reading the chat template")?;

@@ -4,7 +4,11 @@
 
 mod bench;
 mod chat;
+mod check;
+mod device;
 mod serve;
+mod streams;
+mod synth;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -13,7 +17,6 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use tempo9_engine::{default_threads, EngineConfig, Policy};
-use tempo9_ggml::Device;
 use tempo9_models::{LoadOptions, Model};
 
 /// Tempo9: a local LLM inference engine for many agents sharing one runtime.
@@ -37,6 +40,10 @@ enum Command {
     Run(chat::RunArgs),
     /// Measure prompt processing and generation speed (JSON on stdout).
     Bench(bench::BenchArgs),
+    /// Write a model file with random weights of a given shape and type.
+    SynthGguf(synth::SynthArgs),
+    /// Compare greedy generations on the chosen device with the CPU's (JSON on stdout).
+    CheckDevice(check::CheckArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -69,6 +76,8 @@ pub struct ModelArgs {
     /// Scheduling policy: `fcfs` or `priority` (lower request priority first).
     #[arg(long, value_name = "NAME", default_value = "fcfs", value_parser = parse_policy)]
     pub policy: Policy,
+    #[command(flatten)]
+    pub device: device::DeviceArgs,
 }
 
 /// Parses a byte size with an optional binary suffix: `1048576`, `512M`, `2G`, `1.5GiB`.
@@ -110,8 +119,10 @@ impl ModelArgs {
     }
 }
 
-/// Loads a model on the CPU, with a progress bar when stderr is a terminal.
-pub fn load_model(path: &Path) -> Result<Arc<Model>> {
+/// Loads a model on the device `dev` chooses, with a progress bar when stderr is a
+/// terminal.
+pub fn load_model(path: &Path, dev: &device::DeviceArgs) -> Result<Arc<Model>> {
+    let device = dev.select()?;
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -138,7 +149,7 @@ pub fn load_model(path: &Path) -> Result<Arc<Model>> {
     let model = Model::load(
         path,
         LoadOptions {
-            device: Device::cpu(),
+            device,
             progress: Some(&mut progress),
             repack: true,
         },
@@ -149,6 +160,8 @@ pub fn load_model(path: &Path) -> Result<Arc<Model>> {
     }
     tracing::info!(
         ms = t0.elapsed().as_millis() as u64,
+        device = %device.name(),
+        placement = ?model.weight_placement(),
         "loaded {}",
         path.display()
     );
@@ -175,6 +188,8 @@ fn main() {
         Command::Serve(a) => serve::run(a),
         Command::Run(a) => chat::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::SynthGguf(a) => synth::run(a),
+        Command::CheckDevice(a) => check::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -147,7 +147,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "tempo9".into())
         });
-    let model = crate::load_model(&gguf)?;
+    let model = crate::load_model(&gguf, &a.model.device)?;
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
     let mut engine_cfg = a.model.engine_config()?;
     engine_cfg.max_waiting = a.max_waiting.max(1);

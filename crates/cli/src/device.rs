@@ -1,0 +1,110 @@
+//! Choosing the compute device: the CPU (always there) or a GPU whose ggml backend
+//! library (`libggml-cuda.so`) is loaded at run time from a backend directory.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use tempo9_ggml::{load_backend, Device, DeviceKind};
+
+/// Which device to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceChoice {
+    /// The CPU.
+    Cpu,
+    /// An NVIDIA GPU through ggml's CUDA backend; fails if none can be used.
+    Cuda,
+    /// A GPU if a backend library loads and finds one, else the CPU.
+    Auto,
+}
+
+/// Device flags shared by every command that loads a model.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Compute device: cpu, cuda, or auto (a GPU when its backend library loads).
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+    /// Directory with ggml backend libraries such as libggml-cuda.so (default: the
+    /// directory of the tempo9 binary).
+    #[arg(long, value_name = "DIR", env = "TEMPO9_BACKEND_DIR")]
+    pub backend_dir: Option<PathBuf>,
+}
+
+/// Library file of the CUDA backend.
+const CUDA_LIB: &str = "libggml-cuda.so";
+
+/// Loads the CUDA backend library once per process; returns its devices, or why not.
+fn cuda_devices(dir: Option<&PathBuf>) -> &'static Result<Vec<Device>, String> {
+    static LOADED: OnceLock<Result<Vec<Device>, String>> = OnceLock::new();
+    LOADED.get_or_init(|| {
+        let dir = match dir {
+            Some(d) => d.clone(),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+                .ok_or("cannot tell where the tempo9 binary is")?,
+        };
+        let path = dir.join(CUDA_LIB);
+        if !path.exists() {
+            return Err(format!("{} not found", path.display()));
+        }
+        let devs = load_backend(&path).map_err(|e| e.to_string())?;
+        tracing::info!(lib = %path.display(), devices = ?devs, "loaded ggml backend");
+        Ok(devs)
+    })
+}
+
+impl DeviceArgs {
+    /// The device the flags ask for.
+    pub fn select(&self) -> Result<Device> {
+        if self.device == DeviceChoice::Cpu {
+            return Ok(Device::cpu());
+        }
+        let gpu = match cuda_devices(self.backend_dir.as_ref()) {
+            Ok(devs) => devs
+                .iter()
+                .copied()
+                .find(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IGpu))
+                .ok_or_else(|| "the CUDA backend found no GPU".to_string()),
+            Err(e) => Err(e.clone()),
+        };
+        match (gpu, self.device) {
+            (Ok(d), _) => {
+                let (free, total) = d.memory();
+                tracing::info!(
+                    device = %d.name(),
+                    description = %d.description(),
+                    free_mib = free >> 20,
+                    total_mib = total >> 20,
+                    "using GPU"
+                );
+                Ok(d)
+            }
+            (Err(e), DeviceChoice::Cuda) => bail!(
+                "--device cuda: {e} (build it with scripts/gpu/build-cuda.sh; \
+                 --backend-dir or TEMPO9_BACKEND_DIR say where it is)"
+            ),
+            (Err(e), _) => {
+                tracing::debug!("no GPU ({e}); using the CPU");
+                Ok(Device::cpu())
+            }
+        }
+    }
+}
+
+/// Paths of the ggml libraries mapped into this process (Linux; empty elsewhere).
+/// A loaded backend must share the process's one `libggml-base`: two copies would
+/// mean two backend registries and crashes, so benchmarks record this list.
+pub fn loaded_ggml_libs() -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut libs: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.contains("libggml"))
+        .map(str::to_string)
+        .collect();
+    libs.sort();
+    libs.dedup();
+    libs
+}

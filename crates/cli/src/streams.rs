@@ -1,0 +1,132 @@
+//! `tempo9 bench --streams N`: aggregate generation throughput of N concurrent
+//! requests submitted through the engine's request API (the same path the server
+//! uses), each drained by its own client thread.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use tempo9_engine::{Engine, EngineConfig, Event, FinishReason, Request};
+use tempo9_models::Model;
+use tempo9_tokenizer::Tokenizer;
+
+/// One stream's timings.
+struct StreamTimes {
+    first_token: Duration,
+    done: Duration,
+    tokens: usize,
+}
+
+/// Runs `n` concurrent requests of `prompt_len` random prompt tokens and `gen`
+/// generated tokens each; returns a JSON summary.
+pub fn run(
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    mut cfg: EngineConfig,
+    n: usize,
+    prompt_len: usize,
+    gen: usize,
+    seed: u64,
+) -> Result<Value> {
+    let n_vocab = model.hparams().n_vocab as u64;
+    cfg.max_running = cfg.max_running.max(n);
+    let engine = Engine::start(model, tok, cfg)?;
+    let mut x = seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n_vocab) as u32
+    };
+    let request = |prompt: Vec<u32>, max_tokens: usize| {
+        let mut r = Request::new(prompt, max_tokens);
+        r.stop.eog = false;
+        r
+    };
+    // Warm-up outside the timing: first use of every kernel, and a graph of each
+    // shape the timed run starts with.
+    let warm = engine.submit(request((0..8).map(|_| next()).collect(), 2))?;
+    drain(warm)?;
+    let prompts: Vec<Vec<u32>> = (0..n)
+        .map(|_| (0..prompt_len).map(|_| next()).collect())
+        .collect();
+    let s0 = engine.stats();
+    let t0 = Instant::now();
+    let streams = prompts
+        .into_iter()
+        .map(|p| engine.submit(request(p, gen)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let times: Vec<StreamTimes> = std::thread::scope(|s| {
+        let hs: Vec<_> = streams
+            .into_iter()
+            .map(|mut st| {
+                s.spawn(move || -> Result<StreamTimes> {
+                    let mut first = None;
+                    let mut tokens = 0;
+                    while let Some(ev) = st.blocking_recv() {
+                        match ev {
+                            Event::Token(_) => {
+                                first.get_or_insert_with(|| t0.elapsed());
+                                tokens += 1;
+                            }
+                            Event::Finished(f) => {
+                                if let FinishReason::Error(e) = f.reason {
+                                    bail!("request failed: {e}");
+                                }
+                                return Ok(StreamTimes {
+                                    first_token: first.unwrap_or_default(),
+                                    done: t0.elapsed(),
+                                    tokens,
+                                });
+                            }
+                        }
+                    }
+                    bail!("stream ended without a Finished event")
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("client thread panicked"))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let wall = t0.elapsed().as_secs_f64();
+    let s1 = engine.stats();
+    let generated: usize = times.iter().map(|t| t.tokens).sum();
+    let mut ttft: Vec<f64> = times.iter().map(|t| t.first_token.as_secs_f64()).collect();
+    ttft.sort_by(f64::total_cmp);
+    // Per-stream decode rate after its first token.
+    let per_stream: Vec<f64> = times
+        .iter()
+        .map(|t| {
+            (t.tokens.saturating_sub(1)) as f64 / (t.done - t.first_token).as_secs_f64().max(1e-9)
+        })
+        .collect();
+    let steps = s1.steps_total - s0.steps_total;
+    Ok(json!({
+        "streams": n,
+        "prompt_tokens": prompt_len,
+        "gen_tokens": gen,
+        "wall_s": wall,
+        "generated": generated,
+        "aggregate_tok_s": generated as f64 / wall,
+        "mean_stream_decode_tok_s": per_stream.iter().sum::<f64>() / n.max(1) as f64,
+        "ttft_s_median": ttft.get(ttft.len() / 2),
+        "ttft_s_max": ttft.last(),
+        "steps": steps,
+        "computed_tokens": s1.computed_tokens_total - s0.computed_tokens_total,
+        "ms_per_step": wall * 1e3 / steps.max(1) as f64,
+    }))
+}
+
+fn drain(mut st: tempo9_engine::RequestStream) -> Result<()> {
+    while let Some(ev) = st.blocking_recv() {
+        if let Event::Finished(f) = ev {
+            if let FinishReason::Error(e) = f.reason {
+                bail!("warm-up request failed: {e}");
+            }
+            return Ok(());
+        }
+    }
+    Ok(())
+}
