@@ -52,6 +52,7 @@ pub fn run(
         .map(|_| (0..prompt_len).map(|_| next()).collect())
         .collect();
     let s0 = engine.stats();
+    let g0 = tempo9_ggml::sched_stats();
     let t0 = Instant::now();
     let streams = prompts
         .into_iter()
@@ -92,6 +93,8 @@ pub fn run(
     })?;
     let wall = t0.elapsed().as_secs_f64();
     let s1 = engine.stats();
+    let g1 = tempo9_ggml::sched_stats();
+    let per_step = |ns: u64| ns as f64 / 1e6 / (g1.computes - g0.computes).max(1) as f64;
     let generated: usize = times.iter().map(|t| t.tokens).sum();
     let mut ttft: Vec<f64> = times.iter().map(|t| t.first_token.as_secs_f64()).collect();
     ttft.sort_by(f64::total_cmp);
@@ -116,6 +119,11 @@ pub fn run(
         "steps": steps,
         "computed_tokens": s1.computed_tokens_total - s0.computed_tokens_total,
         "ms_per_step": wall * 1e3 / steps.max(1) as f64,
+        // Scheduler time per step: graph allocation, and computation including the
+        // wait for the device; the rest of ms_per_step is host work (graph building,
+        // sampling, engine bookkeeping).
+        "alloc_ms_per_step": per_step(g1.alloc_ns - g0.alloc_ns),
+        "compute_ms_per_step": per_step(g1.compute_ns - g0.compute_ns),
     }))
 }
 
