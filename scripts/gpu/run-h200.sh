@@ -4,26 +4,27 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench variants pack (default: build synth parity bench)
-#   build   builds libggml-cuda.so (~3 min), or reassembles it from .gpu-cache/ parts
-#           that an earlier `pack` returned (same source and flags; saves the build)
+#   steps: build synth parity bench streams variants pack
+#   (default: build synth parity bench streams)
+#   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
+#           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
 #   variants  bench with CUDA graphs off / ggml's graph optimisation on, for attribution
-#   pack    splits the built library into $OUT parts (files come back <= 16 MiB)
+#   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/tempo9-gpu-out}
 work=${WORK:-/dev/shm/tempo9-gpu}
 T="$root/.gpu-carry/tempo9"
 mkdir -p "$out" "$work"
-steps=${*:-build synth parity bench}
+steps=${*:-build synth parity bench streams}
 has() { [[ " $steps " == *" $1 "* ]]; }
 say() { echo "== $* ($(date +%T))"; }
 
 if has build; then
     say build
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv >>"$out/run.log"
-    if ls "$root"/.gpu-cache/libggml-cuda.so.part* >/dev/null 2>&1; then
-        cat "$root"/.gpu-cache/libggml-cuda.so.part* >"$root/.gpu-carry/libggml-cuda.so"
+    if ls "$root"/.gpu-cache/libggml-cuda.so.xz.part* >/dev/null 2>&1; then
+        cat "$root"/.gpu-cache/libggml-cuda.so.xz.part* | xz -dc >"$root/.gpu-carry/libggml-cuda.so"
         (cd "$root/.gpu-cache" && sed "s|  .*|  $root/.gpu-carry/libggml-cuda.so|" libggml-cuda.so.sha256 | sha256sum -c -) || exit 1
         echo "reassembled libggml-cuda.so from .gpu-cache parts"
     elif ! bash "$root/scripts/gpu/build-cuda.sh" >"$work/build.log" 2>&1; then
@@ -58,6 +59,12 @@ if has bench; then
             2>>"$out/run.log" | tee -a "$out/results.jsonl"
     done
 fi
+if has streams; then
+    say streams
+    $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --streams 1,8,32,64 \
+        --stream-prompt 128 --tg 128 2>>"$out/run.log" | tee -a "$out/results.jsonl"
+fi
+
 if has variants; then
     say variants
     m=llama-8b-q4_k
@@ -73,7 +80,7 @@ if has pack; then
     say pack
     lib="$root/.gpu-carry/libggml-cuda.so"
     (cd "$(dirname "$lib")" && sha256sum libggml-cuda.so) >"$out/libggml-cuda.so.sha256"
-    split -b 15M -d "$lib" "$out/libggml-cuda.so.part"
+    xz -T0 -3 -c "$lib" | split -b 15M -d - "$out/libggml-cuda.so.xz.part"
     ls -la "$out"
 fi
 say done

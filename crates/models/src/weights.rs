@@ -5,7 +5,7 @@
 //! faster layout. On a GPU, weights are uploaded to device memory (never repacked),
 //! the token embedding too when the device can look up rows of its type: llama.cpp
 //! keeps it in host memory to save device memory, but then every step starts with a
-//! CPU graph split and a copy (measured on an H200: see bench/README.md). With
+//! CPU graph split and a copy of the looked-up rows. With
 //! partial offload ([`Offload::Layers`]) the remaining layers follow the CPU rules.
 
 use std::sync::Arc;
