@@ -20,8 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::pages::PagePool;
 use crate::request::{
-    Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenEvent, TokenMask,
-    Usage,
+    Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenEvent, TokenMask, Usage,
 };
 use crate::sampler::{log_softmax_top, Sampler};
 use crate::scheduler::{Policy, Rank};
@@ -319,7 +318,7 @@ impl EngineCore {
     ) -> Result<EngineCore, EngineError> {
         let hp = model.hparams();
         let ps = config.page_tokens;
-        if !(16..=KV_WINDOW_PAD).contains(&ps) || KV_WINDOW_PAD % ps != 0 {
+        if !(16..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
             return Err(EngineError::Config(format!(
                 "page size {ps} must be 16, 32, 64, 128 or 256 tokens"
             )));
@@ -439,9 +438,15 @@ impl EngineCore {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.pool.check_invariants()?;
         for s in &self.running {
-            let n = self.pool.n_tokens(s.id).ok_or("running request without pages")?;
+            let n = self
+                .pool
+                .n_tokens(s.id)
+                .ok_or("running request without pages")?;
             if n < s.n_computed {
-                return Err(format!("request {}: {n} cells for {} tokens", s.id, s.n_computed));
+                return Err(format!(
+                    "request {}: {n} cells for {} tokens",
+                    s.id, s.n_computed
+                ));
             }
         }
         if self.waiting.iter().any(|s| self.pool.contains(s.id)) {
@@ -781,7 +786,10 @@ impl EngineCore {
         let mut b = StepBatch::default();
         for w in order {
             let s = &self.running[self.running_index(w.id).expect("planned requests run")];
-            let table = self.pool.page_table(w.id).expect("running requests hold pages");
+            let table = self
+                .pool
+                .page_table(w.id)
+                .expect("running requests hold pages");
             let row_start = b.tokens.len();
             let n_rows = w.end - w.start;
             let n_kv = w.end.next_multiple_of(KV_WINDOW_PAD);
@@ -906,7 +914,12 @@ impl EngineCore {
 
 /// Samples `s`'s next token from the logits `raw`, sends its event, and says
 /// whether (and why) the request ends.
-fn sample_one(s: &mut Live, raw: &[f32], tok: &Tokenizer, max_context: usize) -> Option<FinishReason> {
+fn sample_one(
+    s: &mut Live,
+    raw: &[f32],
+    tok: &Tokenizer,
+    max_context: usize,
+) -> Option<FinishReason> {
     let want_top = s.top_logprobs.max(usize::from(s.logprobs));
     let top = if want_top > 0 {
         log_softmax_top(raw, want_top)

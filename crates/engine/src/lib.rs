@@ -19,8 +19,8 @@ pub use crate::core::{
 };
 pub use handle::{Engine, EngineHandle};
 pub use request::{
-    Event, Finish, FinishReason, Request, RequestId, StopConditions, TokenConstraint,
-    TokenEvent, TokenMask, Usage,
+    Event, Finish, FinishReason, Request, RequestId, StopConditions, TokenConstraint, TokenEvent,
+    TokenMask, Usage,
 };
 pub use sampler::SamplingParams;
 pub use scheduler::Policy;

@@ -77,8 +77,8 @@ impl<'a> Builder<'a> {
     /// layouts, tinyBLAS types), where each row goes alone.
     pub fn linear(&self, w: WeightId, x: Tensor<'a>, b: Option<WeightId>) -> Tensor<'a> {
         let n_rows = x.ne()[1] as usize;
-        let repacked = self.w.is_repacked(w)
-            || (self.cpu && batch_variant_on_cpu(self.wt(w).dtype()));
+        let repacked =
+            self.w.is_repacked(w) || (self.cpu && batch_variant_on_cpu(self.wt(w).dtype()));
         // Row ranges: per sequence on all tokens, or (after `select_outputs`) one
         // output row per sequence.
         let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {

@@ -315,13 +315,14 @@ impl Model {
         let n_out = batch.output_rows.len();
         // Size the per-step arena to this graph (a fixed worst case would cost a large
         // allocation and page faults on every decode step).
-        // Per layer: fixed ops plus, per sequence, attention ops and the K and V
-        // window (a view and a copy per run).
+        // Per layer: fixed ops plus, per sequence, its own matmul group in each of
+        // the ~7 projections (view, matmul, concat), its attention ops and the K
+        // and V window (a view and a copy per run).
         let per_layer: usize = 64
             + batch
                 .seqs
                 .iter()
-                .map(|s| 16 + 6 * s.window.len())
+                .map(|s| 48 + 6 * s.window.len())
                 .sum::<usize>();
         let nodes = 256 + self.hp.n_layer * per_layer;
         if nodes > MAX_NODES {

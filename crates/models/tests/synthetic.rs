@@ -206,7 +206,10 @@ fn scattered_window_equals_contiguous() {
         &[a],
         &[vec![run(40, 4), run(8, 4), run(60, 2), run(20, 6)]],
     );
-    assert_eq!(contiguous, scattered, "logits depend on where the cells lie");
+    assert_eq!(
+        contiguous, scattered,
+        "logits depend on where the cells lie"
+    );
 }
 
 #[test]
