@@ -129,6 +129,12 @@ impl Constraint {
             .map_err(|e| format!("token {token} rejected by the grammar: {e}"))
     }
 
+    /// Undoes the last `n` accepted tokens, e.g. draft tokens the target model
+    /// rejected in speculative decoding.
+    pub fn rollback(&mut self, n: usize) -> Result<(), String> {
+        self.matcher.rollback(n).map_err(|e| e.to_string())
+    }
+
     /// Advances past `text` that is part of the output but was not sampled under
     /// this constraint, e.g. the start of a tool call the server appended to the
     /// prompt (`ToolFormat::forced_prefix`). Errors if the grammar does not allow

@@ -1,17 +1,26 @@
 //! Constrained decoding for Tempo9 on [llguidance]: JSON Schema, regex and Lark
 //! grammars, the API shapes that carry them (OpenAI `response_format`, Ollama
-//! `format`, tool-call arguments), and a per-request [`Constraint`] the engine
-//! asks for a token mask at every step.
+//! `format`, tool calls), and a per-request [`Constraint`] that implements the
+//! engine's `TokenConstraint`.
 //!
-//! Flow: build one [`GrammarCompiler`] per loaded model
-//! ([`GrammarCompiler::for_tokenizer`] caches it); turn request fields into a
-//! [`Grammar`] (constructors validate and return a [`GrammarError`] naming the
-//! problem, for an HTTP 400); [`GrammarCompiler::compile`] it into a fresh
-//! [`Constraint`] per request. The engine then, per generated token, calls
-//! [`Constraint::compute_mask_words`] (≈ tens of µs; may run on a worker thread
-//! during the forward pass), samples among allowed tokens, calls
-//! [`Constraint::accept_token`], and stops with `ConstraintDone` once
-//! [`Constraint::is_finished`].
+//! Flow:
+//! 1. Per loaded model: [`GrammarCompiler::for_tokenizer`] (builds llguidance's
+//!    token trie once: ~0.1 s for a 49K vocabulary, ~0.35 s for 152K, ~0.9 s for
+//!    262K; cached while the tokenizer is in use).
+//! 2. Per request, from its fields: [`Grammar::from_openai_response_format`],
+//!    [`Grammar::from_ollama_format`], [`Grammar::json_schema`],
+//!    [`Grammar::regex`], [`Grammar::lark`], or [`ToolCallGrammar::build`] for
+//!    `tool_choice` required / named / auto (Anthropic `any` / `tool` / `auto`).
+//!    Errors are [`GrammarError`]s whose message names the problem (HTTP 400).
+//! 3. [`GrammarCompiler::compile`] → a fresh [`Constraint`] (~0.3 ms; errors are
+//!    400s too), put in `Request::constraint`. If the server already appended
+//!    the start of a tool call to the prompt, call [`Constraint::advance_text`]
+//!    with that text first.
+//! 4. The engine, per token: `compute_mask` (tens of µs, on its worker thread
+//!    during the forward pass), samples among allowed tokens, `accept`s, and
+//!    ends the request with `ConstraintDone` once `is_finished`; a mask error
+//!    is a dead end (`ConstraintDeadEnd`). End-of-generation tokens are allowed
+//!    exactly where the grammar may end.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

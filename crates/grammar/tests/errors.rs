@@ -48,6 +48,7 @@ fn invalid_schemas_name_the_problem() {
     ];
     for (schema, words) in cases {
         let msg = schema_err(schema, SchemaMode::Strict);
+        eprintln!("{msg}");
         assert!(msg.starts_with("invalid JSON schema: "), "{msg}");
         assert_names(&msg, &words);
     }

@@ -5,58 +5,20 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{model_path, QWEN, SMOLLM2};
+use common::{model_path, GrammarClock, Timed, QWEN, SMOLLM2};
 use serde_json::json;
-use tempo9_engine::{EngineConfig, EngineCore, Event, Request, TokenConstraint, TokenMask};
+use tempo9_engine::{EngineConfig, EngineCore, Event, Request};
 use tempo9_ggml::Device;
-use tempo9_grammar::{Constraint, Grammar, GrammarCompiler, SchemaMode};
+use tempo9_grammar::{Grammar, GrammarCompiler, SchemaMode};
 use tempo9_models::{LoadOptions, Model};
 use tempo9_tokenizer::Tokenizer;
 
 const TOKENS: usize = 128;
 const REPS: usize = 5;
-
-/// A constraint that adds the time spent in it to a shared counter.
-struct Timed {
-    inner: Constraint,
-    nanos: Arc<AtomicU64>,
-}
-
-impl Timed {
-    fn time<T>(&self, f: impl FnOnce() -> T) -> T {
-        let t0 = Instant::now();
-        let r = f();
-        self.nanos
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
-    }
-}
-
-impl TokenConstraint for Timed {
-    fn compute_mask(&mut self) -> Result<TokenMask, String> {
-        let t0 = Instant::now();
-        let r = self.inner.compute_mask();
-        self.nanos
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
-    }
-
-    fn accept(&mut self, token: u32) -> Result<(), String> {
-        let t0 = Instant::now();
-        let r = self.inner.accept(token);
-        self.nanos
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        r
-    }
-
-    fn is_finished(&self) -> bool {
-        self.time(|| TokenConstraint::is_finished(&self.inner))
-    }
-}
 
 /// Seconds per generated token of one request (prefill excluded: timed from the
 /// first token event).
@@ -109,7 +71,7 @@ fn compare(file: &str) {
     let prompt = tok.encode("List players and their scores as JSON:", true, false);
     let mut free = Vec::new();
     let mut constrained = Vec::new();
-    let nanos = Arc::new(AtomicU64::new(0));
+    let clock = Arc::new(GrammarClock::default());
     for _ in 0..REPS {
         let mut r = Request::new(prompt.clone(), TOKENS);
         r.banned_tokens = tok.eog_tokens();
@@ -117,10 +79,10 @@ fn compare(file: &str) {
         assert_eq!(n, TOKENS);
         free.push(t);
         let mut r = Request::new(prompt.clone(), TOKENS);
-        r.constraint = Some(Box::new(Timed {
-            inner: compiler.compile(&g).unwrap(),
-            nanos: nanos.clone(),
-        }));
+        r.constraint = Some(Box::new(Timed::new(
+            compiler.compile(&g).unwrap(),
+            clock.clone(),
+        )));
         let (t, n) = decode_time(&mut core, r);
         assert_eq!(n, TOKENS);
         constrained.push(t);
@@ -131,7 +93,8 @@ fn compare(file: &str) {
     };
     let (f, c) = (median(&mut free), median(&mut constrained));
     let cost = c / f - 1.0;
-    let in_grammar = nanos.load(Ordering::Relaxed) as f64 * 1e-9 / (REPS * TOKENS) as f64;
+    let in_grammar =
+        clock.total_nanos.load(Ordering::Relaxed) as f64 * 1e-9 / (REPS * TOKENS) as f64;
     // Even if masks were computed after the forward pass instead of during it,
     // decoding would slow down by at most this much.
     let serial_bound = in_grammar / f;

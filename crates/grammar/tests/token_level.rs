@@ -282,3 +282,31 @@ fn compiler_cache_releases_unused_tokenizers() {
         "the cache let go of the tokenizer"
     );
 }
+
+#[test]
+fn rollback_undoes_accepted_tokens() {
+    let Some(tok) = tokenizer(SMOLLM2) else {
+        return;
+    };
+    let compiler = GrammarCompiler::for_tokenizer(&tok).unwrap();
+    let g = Grammar::regex("1[0-9]{2}|2x").unwrap();
+    let id = |s: &str| {
+        let v = tok.encode(s, false, false);
+        assert_eq!(v.len(), 1, "{s}");
+        v[0]
+    };
+    let mut c = compiler.compile(&g).unwrap();
+    let start = c.compute_mask_words().unwrap();
+    c.accept_token(id("1")).unwrap();
+    let after_one = c.compute_mask_words().unwrap();
+    c.accept_token(id("5")).unwrap();
+    c.accept_token(id("5")).unwrap();
+    assert!(c.is_finished());
+    c.rollback(2).unwrap();
+    assert!(!c.is_finished());
+    assert_eq!(c.compute_mask_words().unwrap(), after_one);
+    c.rollback(1).unwrap();
+    assert_eq!(c.compute_mask_words().unwrap(), start);
+    c.accept_token(id("2")).unwrap();
+    assert!(c.accept_token(id("5")).is_err(), "only x may follow 2 now");
+}

@@ -3,9 +3,13 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::Value;
+use tempo9_engine::{TokenConstraint, TokenMask};
+use tempo9_grammar::Constraint;
 use tempo9_tokenizer::Tokenizer;
 
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
@@ -84,4 +88,53 @@ pub fn schema_valid(schema: &Value, instance: &Value) -> bool {
         .build(schema)
         .expect("suite schema compiles")
         .is_valid(instance)
+}
+
+/// Time spent inside constraints, shared by the [`Timed`] wrappers of a run.
+#[derive(Default)]
+pub struct GrammarClock {
+    pub total_nanos: AtomicU64,
+    pub max_nanos: AtomicU64,
+    pub calls: AtomicU64,
+}
+
+impl GrammarClock {
+    fn add(&self, t0: Instant) {
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.total_nanos.fetch_add(ns, Ordering::Relaxed);
+        self.max_nanos.fetch_max(ns, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A constraint that reports the time spent in it (masks and commits).
+pub struct Timed {
+    inner: Constraint,
+    clock: Arc<GrammarClock>,
+}
+
+impl Timed {
+    pub fn new(inner: Constraint, clock: Arc<GrammarClock>) -> Timed {
+        Timed { inner, clock }
+    }
+}
+
+impl TokenConstraint for Timed {
+    fn compute_mask(&mut self) -> Result<TokenMask, String> {
+        let t0 = Instant::now();
+        let r = self.inner.compute_mask();
+        self.clock.add(t0);
+        r
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        let t0 = Instant::now();
+        let r = self.inner.accept(token);
+        self.clock.add(t0);
+        r
+    }
+
+    fn is_finished(&self) -> bool {
+        TokenConstraint::is_finished(&self.inner)
+    }
 }
