@@ -242,3 +242,61 @@ fn list_formats_and_prefilled_prefixes() {
     let mut c = compiler.compile(&g).unwrap();
     assert!(c.advance_text("Hello").is_err());
 }
+
+/// The call starts the server appends to the prompt for `tool_choice` required /
+/// named (its `ToolFormat::forced_prefix`) are where the matching grammars
+/// expect them, so the server can compile the grammar and `advance_text` them.
+#[test]
+fn server_forced_prefixes_fit_the_grammars() {
+    let Some(tok) = tokenizer(QWEN) else { return };
+    let compiler = GrammarCompiler::for_tokenizer(&tok).unwrap();
+    let cases = [
+        (ToolCallFormat::hermes(), None, "<tool_call>\n{\"name\": \""),
+        (
+            ToolCallFormat::hermes(),
+            Some("get_time"),
+            "<tool_call>\n{\"name\": \"get_time\", \"arguments\": ",
+        ),
+        (ToolCallFormat::llama3_json(), None, "{\"name\": \""),
+        (
+            ToolCallFormat::llama3_json(),
+            Some("get_time"),
+            "{\"name\": \"get_time\", \"parameters\": ",
+        ),
+        (ToolCallFormat::mistral(), None, "[TOOL_CALLS]"),
+        (
+            ToolCallFormat::mistral(),
+            Some("get_time"),
+            "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": ",
+        ),
+    ];
+    for (format, name, prefix) in cases {
+        let choice = match name {
+            Some(n) => ToolChoice::Named(n.into()),
+            None => ToolChoice::Required,
+        };
+        let req = ToolCallGrammar {
+            format: format.clone(),
+            ..request(choice, true)
+        };
+        let mut c = compiler.compile(&req.build(&tok).unwrap()).unwrap();
+        c.advance_text(prefix)
+            .unwrap_or_else(|e| panic!("{format:?} {name:?}: {e}"));
+        // The model continues with the arguments (and the name, if not forced).
+        let rest = match name {
+            Some(_) => "{\"timezone\": \"UTC\"}}",
+            None if format.arguments_key == "parameters" => {
+                "get_time\", \"parameters\": {\"timezone\": \"UTC\"}}"
+            }
+            None if prefix.ends_with("[TOOL_CALLS]") => {
+                "[{\"name\": \"get_time\", \"arguments\": {\"timezone\": \"UTC\"}}"
+            }
+            None => "get_time\", \"arguments\": {\"timezone\": \"UTC\"}}",
+        };
+        let close = format!("{}{}", format.close, format.end);
+        assert!(
+            accepts(&mut c, &tok, &format!("{rest}{close}")),
+            "{format:?} {name:?}"
+        );
+    }
+}
