@@ -32,6 +32,27 @@ use crate::stop::TextStream;
 /// numbers do not depend on how its pages are laid out.
 pub const KV_WINDOW_PAD: usize = 256;
 
+/// Prompt chunks start at multiples of this many tokens (ggml's CPU flash-attention
+/// query tile and a multiple of the repacked matmuls' 4-row groups), so a prompt
+/// token's arithmetic is the same however the prompt is cut into steps: alone,
+/// batched, after a prefix hit or after preemption.
+pub const CHUNK_ALIGN: usize = 64;
+
+/// Prompt tokens to compute next, out of `remaining`, within `limit`: all of them if
+/// they fit; else a multiple of [`CHUNK_ALIGN`] that leaves at least `CHUNK_ALIGN`
+/// for later (a shorter last chunk would run through another attention kernel).
+/// 0 when `limit` allows no such piece.
+fn prompt_piece(remaining: usize, limit: usize) -> usize {
+    if remaining <= limit {
+        return remaining;
+    }
+    let mut n = limit / CHUNK_ALIGN * CHUNK_ALIGN;
+    if remaining - n < CHUNK_ALIGN {
+        n = n.saturating_sub(CHUNK_ALIGN);
+    }
+    n
+}
+
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -41,8 +62,7 @@ pub struct EngineConfig {
     /// system's memory. On the CPU, host memory is committed only as pages are first
     /// written, so the budget is a ceiling, not a start-up cost.
     pub kv_budget_bytes: Option<usize>,
-    /// Tokens per KV page (16, 32, 64, 128 or 256): the prefix cache shares whole
-    /// pages.
+    /// Tokens per KV page (64, 128 or 256): the prefix cache shares whole pages.
     pub page_tokens: usize,
     /// Most requests running (holding KV) at once.
     pub max_running: usize,
@@ -318,21 +338,15 @@ impl EngineCore {
     ) -> Result<EngineCore, EngineError> {
         let hp = model.hparams();
         let ps = config.page_tokens;
-        if !(16..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
+        if !(CHUNK_ALIGN..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
             return Err(EngineError::Config(format!(
-                "page size {ps} must be 16, 32, 64, 128 or 256 tokens"
+                "page size {ps} must be 64, 128 or 256 tokens"
             )));
         }
         if config.step_tokens == 0 || config.max_running == 0 {
             return Err(EngineError::Config(
                 "step_tokens and max_running must be positive".into(),
             ));
-        }
-        if config.step_tokens < ps {
-            return Err(EngineError::Config(format!(
-                "step_tokens ({}) below the page size ({ps}): a prompt chunk would never fit a step",
-                config.step_tokens
-            )));
         }
         if config.max_running > config.step_tokens {
             return Err(EngineError::Config(format!(
@@ -616,18 +630,13 @@ impl EngineCore {
     }
 
     /// The next piece of work of running request `i`: while its prompt is not all
-    /// computed, the prompt up to the next page boundary; after that one token.
-    ///
-    /// Cutting prompts at fixed page boundaries (never by the remaining budget or
-    /// where a cached prefix ends, which is a page boundary too) makes every token's
-    /// arithmetic the same whether it runs alone, batched or after a prefix hit:
-    /// ggml picks kernels by the number of rows. Tokens generated before a
-    /// preemption are recomputed one per step, as they were first computed.
-    fn next_piece(&self, i: usize) -> usize {
+    /// computed, as much of it as `budget` allows (see [`prompt_piece`]); after that
+    /// one token. Tokens generated before a preemption are recomputed one per step,
+    /// as they were first computed, so a resumed request continues exactly.
+    fn next_piece(&self, i: usize, budget: usize) -> usize {
         let s = &self.running[i];
         if s.n_computed < s.n_prompt {
-            let ps = self.pool.page_size();
-            s.n_prompt.min((s.n_computed / ps + 1) * ps) - s.n_computed
+            prompt_piece(s.n_prompt - s.n_computed, budget)
         } else {
             1
         }
@@ -657,8 +666,8 @@ impl EngineCore {
                         break;
                     }
                     let (id, start) = (s.id, s.n_computed);
-                    let n = self.next_piece(i);
-                    if n > budget {
+                    let mut n = self.next_piece(i, budget);
+                    if n == 0 {
                         break;
                     }
                     // Make room by preempting the lowest-ranked request not planned yet.
@@ -674,6 +683,14 @@ impl EngineCore {
                                 self.pool.free(v).expect("running requests hold pages");
                             }
                             None => break,
+                        }
+                    }
+                    // A prompt chunk may shrink to what fits.
+                    if !decode_pass && self.room(id) < n {
+                        let s = &self.running[i];
+                        let fit = prompt_piece(s.n_prompt - s.n_computed, self.room(id));
+                        if fit > 0 {
+                            n = fit;
                         }
                     }
                     if self.room(id) < n {
@@ -699,10 +716,12 @@ impl EngineCore {
                     });
                     self.running[i].n_computed += n;
                     planned[i] = true;
-                    budget -= n;
                     if decode_pass {
+                        // Decodes do not use the prompt budget: every running request
+                        // gets its token each step.
                         break;
                     }
+                    budget -= n;
                 }
             }
         }
@@ -729,16 +748,29 @@ impl EngineCore {
         work
     }
 
+    /// How many leading tokens of `w` a prefix-cache lookup may cover. A cache hit
+    /// must leave at least [`CHUNK_ALIGN`] prompt tokens to compute (or none of the
+    /// prompt: a resumed request whose whole prompt and some output are cached), so
+    /// the prompt's last chunk runs through the same kernels as without the cache.
+    fn usable_prefix(&self, w: &Live) -> usize {
+        let full = self.pool.lookup_prefix(&w.tokens, 0).n_cached_tokens;
+        if full >= w.n_prompt {
+            w.tokens.len()
+        } else {
+            w.n_prompt.saturating_sub(CHUNK_ALIGN - 1).max(1)
+        }
+    }
+
     /// Admits waiting requests in policy order while the running limit and free
     /// pages allow, giving them their cached prefix; planning then treats them like
     /// every running request.
     fn admit(&mut self) {
         let policy = self.config.policy;
         self.waiting.sort_by_key(|s| policy.key(s.rank));
-        let ps = self.pool.page_size();
         while self.running.len() < self.config.max_running {
             let Some(w) = self.waiting.first() else { break };
-            let m = self.pool.lookup_prefix(&w.tokens, 0);
+            let usable = self.usable_prefix(w);
+            let m = self.pool.lookup_prefix(&w.tokens[..usable], 0);
             let revived = m
                 .pages
                 .iter()
@@ -761,9 +793,9 @@ impl EngineCore {
             let mut s = self.waiting.remove(0);
             let m = self
                 .pool
-                .allocate(s.id, &s.tokens, 0)
+                .allocate(s.id, &s.tokens[..usable], 0)
                 .expect("a waiting request holds no pages");
-            debug_assert_eq!(m.n_cached_tokens % ps, 0);
+            debug_assert_eq!(m.n_cached_tokens % CHUNK_ALIGN, 0);
             if !s.admitted_before {
                 s.admitted_before = true;
                 s.usage.cached_tokens = m.n_cached_tokens;

@@ -15,7 +15,7 @@ mod stop;
 
 pub use crate::core::{
     default_threads, EngineConfig, EngineCore, EngineError, EngineStats, RequestStream,
-    SubmitError, KV_WINDOW_PAD,
+    SubmitError, CHUNK_ALIGN, KV_WINDOW_PAD,
 };
 pub use handle::{Engine, EngineHandle};
 pub use request::{

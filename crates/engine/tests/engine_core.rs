@@ -99,22 +99,23 @@ fn same_tokens_alone_batched_warm_and_preempted() {
         assert_eq!(o.tokens, a.tokens, "batched: prompt {i} differs from alone");
     }
 
-    // Warm prefix cache: every full page of every prompt is served from the cache,
-    // and the first token (computed from cached pages plus the uncached tail) is
-    // the same as alone. Later tokens are compared and reported, not asserted:
-    // decode steps after a prefix hit still drift by up to ~0.3 nats (open
-    // problem, see the engine-core issue note), which flips some near-ties.
+    // Warm prefix cache: prompt pages are served from the cache (all but the last
+    // CHUNK_ALIGN-plus tokens, which are recomputed so the prompt's last chunk runs
+    // through the same kernels), and the outputs are identical.
     let warm = run_batch(
         &mut shared,
         ps.iter().map(|p| greedy(p.clone(), N_GEN)).collect(),
     );
     let cached: usize = warm.iter().map(|o| o.finish.usage.cached_tokens).sum();
-    let want: usize = ps.iter().map(|p| (p.len() - 1) / 64 * 64).sum();
-    assert_eq!(
-        cached, want,
-        "warm: every full page of every prompt is cached"
-    );
-    let same_warm = report_agreement("warm", &warm, &alone);
+    let want: usize = ps
+        .iter()
+        .map(|p| p.len().saturating_sub(64) / 64 * 64)
+        .sum();
+    assert_eq!(cached, want, "warm: cached prompt tokens");
+    assert!(cached > 0);
+    for (i, (o, a)) in warm.iter().zip(&alone).enumerate() {
+        assert_eq!(o.tokens, a.tokens, "warm: prompt {i} differs from alone");
+    }
     let st = shared.stats();
     assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
 
@@ -128,36 +129,13 @@ fn same_tokens_alone_batched_warm_and_preempted() {
     );
     let preempted: u32 = out.iter().map(|o| o.finish.usage.preemptions).sum();
     assert!(preempted > 0, "the tight pool should force preemption");
-    for o in &out {
-        assert_eq!(o.tokens.len(), N_GEN, "every preempted request completes");
-    }
-    let same_preempted = report_agreement("preempted", &out, &alone);
-    eprintln!(
-        "identical to alone: warm {same_warm}/8, preempted {same_preempted}/8 ({preempted} preemptions)"
-    );
-}
-
-/// Counts outputs identical to `alone`; asserts every first token is.
-fn report_agreement(what: &str, got: &[Output], alone: &[Output]) -> usize {
-    let mut same = 0;
-    for (i, (o, a)) in got.iter().zip(alone).enumerate() {
+    for (i, (o, a)) in out.iter().zip(&alone).enumerate() {
         assert_eq!(
-            o.tokens[0], a.tokens[0],
-            "{what}: prompt {i}: first token differs"
+            o.tokens, a.tokens,
+            "preempted run: prompt {i} differs from alone"
         );
-        let n = o
-            .tokens
-            .iter()
-            .zip(&a.tokens)
-            .take_while(|(x, y)| x == y)
-            .count();
-        eprintln!(
-            "{what}: prompt {i}: first {n}/{} tokens identical",
-            a.tokens.len()
-        );
-        same += usize::from(n == a.tokens.len());
     }
-    same
+    eprintln!("preempted run: {preempted} preemptions, all outputs identical to alone");
 }
 
 /// Tiny xorshift RNG for reproducible workloads.
@@ -382,6 +360,7 @@ fn startup_memory_does_not_depend_on_context() {
         let pages: usize = s.split_whitespace().nth(1).unwrap().parse().unwrap();
         pages * 4096
     };
+    let mut pools = Vec::new();
     let mut deltas = Vec::new();
     for ctx in [8192usize, 131072] {
         let before = rss();
@@ -394,10 +373,15 @@ fn startup_memory_does_not_depend_on_context() {
         let eng = EngineCore::new(model.clone(), tok.clone(), cfg).unwrap();
         assert_eq!(eng.max_context(), ctx);
         deltas.push(rss().saturating_sub(before));
+        pools.push(eng.stats().kv_pages_total);
         drop(eng);
     }
     eprintln!("RSS growth creating the engine (8K / 128K ctx, 4 GiB KV budget): {deltas:?}");
+    // The pool is sized by the budget, never by the declared context.
+    assert_eq!(pools[0], pools[1]);
+    // Fixed costs (the graph scheduler's tables for up to 2^17 nodes, ~64 MiB once
+    // touched) are far below the 4 GiB KV reservation, which is not committed.
     for d in deltas {
-        assert!(d < 32 << 20, "creating the engine committed {d} bytes");
+        assert!(d < 128 << 20, "creating the engine committed {d} bytes");
     }
 }

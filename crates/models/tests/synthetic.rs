@@ -165,6 +165,16 @@ fn step(model: &Model, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
 /// (token j in the window's cell j).
 fn step_windows(model: &Model, seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> Vec<Vec<f32>> {
     let kv = model.new_kv(64).unwrap();
+    step_on(model, &kv, seqs, windows)
+}
+
+/// Like [`step_windows`] on an existing KV store.
+fn step_on(
+    model: &Model,
+    kv: &tempo9_models::KvStore,
+    seqs: &[&[u32]],
+    windows: &[Vec<CellRun>],
+) -> Vec<Vec<f32>> {
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
     let mut b = StepBatch::default();
     for (s, toks) in seqs.iter().enumerate() {
@@ -189,7 +199,7 @@ fn step_windows(model: &Model, seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> Vec
         });
     }
     b.output_rows = (0..b.tokens.len() as i32).collect();
-    let l = model.forward(&mut exec, &kv, &b).unwrap();
+    let l = model.forward(&mut exec, kv, &b).unwrap();
     l.chunks(VOCAB).map(|c| c.to_vec()).collect()
 }
 
@@ -210,6 +220,22 @@ fn scattered_window_equals_contiguous() {
         contiguous, scattered,
         "logits depend on where the cells lie"
     );
+}
+
+/// Cells a sequence's mask hides may hold another sequence's old K/V (reused
+/// pages): the result must not depend on them.
+#[test]
+fn masked_stale_cells_do_not_matter() {
+    let model = load(tiny_llama(|_| {}, None)).expect("load");
+    let a: &[u32] = &[1, 5, 9, 13, 2];
+    let fresh = step(&model, &[a], &[0]);
+    let kv = model.new_kv(64).unwrap();
+    let run = |start, len| CellRun { start, len };
+    // Another sequence leaves K/V in cells 5..16 first.
+    let b: Vec<u32> = (0..11).map(|i| 3 + i).collect();
+    step_on(&model, &kv, &[&b], &[vec![run(5, 16)]]);
+    let dirty = step_on(&model, &kv, &[a], &[vec![run(0, 16)]]);
+    assert_eq!(fresh, dirty, "masked cells with stale K/V changed the result");
 }
 
 #[test]
