@@ -235,7 +235,10 @@ fn masked_stale_cells_do_not_matter() {
     let b: Vec<u32> = (0..11).map(|i| 3 + i).collect();
     step_on(&model, &kv, &[&b], &[vec![run(5, 16)]]);
     let dirty = step_on(&model, &kv, &[a], &[vec![run(0, 16)]]);
-    assert_eq!(fresh, dirty, "masked cells with stale K/V changed the result");
+    assert_eq!(
+        fresh, dirty,
+        "masked cells with stale K/V changed the result"
+    );
 }
 
 #[test]
