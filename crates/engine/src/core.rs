@@ -558,7 +558,7 @@ impl EngineCore {
             return Ok(true);
         }
         let batch = self.assemble(&work);
-        let logits = match self.forward(&work, &batch) {
+        let mut logits = match self.forward(&work, &batch) {
             Ok(l) => l,
             Err(e) => {
                 let msg = e.to_string();
@@ -574,7 +574,7 @@ impl EngineCore {
         };
         self.stats.steps_total += 1;
         self.stats.computed_tokens_total += batch.tokens.len() as u64;
-        self.after_step(&work, &logits);
+        self.after_step(&work, &mut logits);
         Ok(true)
     }
 
@@ -643,8 +643,9 @@ impl EngineCore {
     }
 
     /// Plans the step: which tokens of which running requests to compute, taking KV
-    /// cells for them; preempts and admits requests as memory allows. Requests at
-    /// the decoding stage go first, then prompt chunks, each in policy order.
+    /// cells for them; preempts requests as memory requires. Requests at the
+    /// decoding stage go first, then prompt chunks, each in policy order; the
+    /// returned work is in that (batch) order.
     fn schedule(&mut self) -> Vec<Work> {
         let policy = self.config.policy;
         let mut budget = self.config.step_tokens;
@@ -807,16 +808,14 @@ impl EngineCore {
         }
     }
 
-    /// The step's batch: single-token decodes first (they share matmuls), then
-    /// prompt chunks.
+    /// The step's batch, in `work`'s order: decodes first (they share matmuls),
+    /// then prompt chunks.
     fn assemble(&self, work: &[Work]) -> StepBatch {
         let ps = self.pool.page_size();
         let n_cells = self.kv.n_cells();
         let swa = self.model.hparams().swa_window;
-        let mut order: Vec<&Work> = work.iter().collect();
-        order.sort_by_key(|w| w.end - w.start > 1);
         let mut b = StepBatch::default();
-        for w in order {
+        for w in work {
             let s = &self.running[self.running_index(w.id).expect("planned requests run")];
             let table = self
                 .pool
@@ -910,14 +909,12 @@ impl EngineCore {
 
     /// Commits the step's KV, samples for every request whose tokens are all
     /// computed, sends events and ends finished requests.
-    fn after_step(&mut self, work: &[Work], logits: &[f32]) {
+    fn after_step(&mut self, work: &[Work], logits: &mut [f32]) {
         let n_vocab = self.model.hparams().n_vocab;
-        // Output rows follow the batch order: decodes, then prompt chunks.
-        let mut order: Vec<&Work> = work.iter().collect();
-        order.sort_by_key(|w| w.end - w.start > 1);
+        // Output rows follow the batch order.
         let mut row = 0;
         let mut finished: Vec<(RequestId, FinishReason)> = Vec::new();
-        for w in order {
+        for w in work {
             let i = self.running_index(w.id).expect("planned requests run");
             let s = &mut self.running[i];
             s.n_computed = w.end;
@@ -927,7 +924,7 @@ impl EngineCore {
             if w.end < s.tokens.len() {
                 continue;
             }
-            let l = &logits[row * n_vocab..(row + 1) * n_vocab];
+            let l = &mut logits[row * n_vocab..(row + 1) * n_vocab];
             row += 1;
             if let Some(reason) = sample_one(s, l, &self.tok, self.limits.max_context) {
                 finished.push((s.id, reason));
@@ -944,22 +941,23 @@ impl EngineCore {
     }
 }
 
-/// Samples `s`'s next token from the logits `raw`, sends its event, and says
-/// whether (and why) the request ends.
+/// Samples `s`'s next token from its logits `l` (changed in place by the sampler),
+/// sends its event, and says whether (and why) the request ends.
 fn sample_one(
     s: &mut Live,
-    raw: &[f32],
+    l: &mut [f32],
     tok: &Tokenizer,
     max_context: usize,
 ) -> Option<FinishReason> {
     let want_top = s.top_logprobs.max(usize::from(s.logprobs));
     let top = if want_top > 0 {
-        log_softmax_top(raw, want_top)
+        log_softmax_top(l, want_top)
     } else {
         Vec::new()
     };
-    let log_z = if s.logprobs { log_sum_exp(raw) } else { 0.0 };
-    let l = &mut raw.to_vec();
+    // The chosen token's log-probability is of the raw distribution; keep it only
+    // when asked for (a vocabulary-sized copy per token otherwise).
+    let raw = s.logprobs.then(|| (log_sum_exp(l), l.to_vec()));
     for &t in &s.banned {
         if let Some(x) = l.get_mut(t as usize) {
             *x = f32::NEG_INFINITY;
@@ -975,7 +973,7 @@ fn sample_one(
         Some(Ok(m)) => s.sampler.sample_with_mask(l, Some(&|t| m.is_allowed(t))),
         None => s.sampler.sample(l),
     };
-    let logprob = s.logprobs.then(|| chosen_logprob(&top, t, log_z, raw));
+    let logprob = raw.map(|(log_z, raw)| chosen_logprob(&top, t, log_z, &raw));
     s.sampler.accept(t);
     s.tokens.push(t);
     s.usage.completion_tokens += 1;

@@ -85,9 +85,9 @@ impl EngineHandle {
             return Err(SubmitError::Stopped);
         }
         let mut stream = back_rx.recv().map_err(|_| SubmitError::Stopped)?;
-        let wake_tx = Mutex::new(self.tx.clone());
+        let wake_tx = self.tx.clone();
         stream.set_wake(Arc::new(move || {
-            let _ = wake_tx.lock().map(|t| t.send(Command::Wake));
+            let _ = wake_tx.send(Command::Wake);
         }));
         Ok(stream)
     }

@@ -256,16 +256,6 @@ fn tool_use_block(call: &crate::tools::ToolCall) -> Value {
 pub async fn messages(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    match messages_inner(st, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn messages_inner(
-    st: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let v = parse_body(F, body)?;

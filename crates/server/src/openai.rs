@@ -295,16 +295,6 @@ fn tool_call_json(index: Option<usize>, call: &crate::tools::ToolCall) -> Value 
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    match chat_inner(st, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn chat_inner(
-    st: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let v = parse_body(F, body)?;
@@ -489,16 +479,6 @@ pub fn response_format(
 pub async fn completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    match completions_inner(st, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn completions_inner(
-    st: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let v = parse_body(F, body)?;
@@ -667,11 +647,12 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /v1/models/{model}`.
-pub async fn model(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    match st.check_model(F, Some(&name)) {
-        Ok(()) => axum::Json(model_entry(&st, &name)).into_response(),
-        Err(e) => e.into_response(),
-    }
+pub async fn model(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    st.check_model(F, Some(&name))?;
+    Ok(axum::Json(model_entry(&st, &name)).into_response())
 }
 
 #[cfg(test)]

@@ -219,16 +219,6 @@ fn finish(resp: &mut Value, stop: &Stop, usage: &Usage, output: Vec<Value>) {
 pub async fn create(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    match inner(st, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn inner(
-    st: Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let v = parse_body(F, body)?;
