@@ -14,7 +14,7 @@ use tempo9_engine::Usage;
 use crate::chat::{random_id, GenEvent, GenParams, Prompt, Stop, ToolChoice};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{num, sampling, stop_strings, uint};
-use crate::{parse_body, sse_event, streaming, AppState};
+use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState};
 
 const F: Family = Family::Anthropic;
 
@@ -175,6 +175,12 @@ pub fn to_openai_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
         if t.get("input_schema").is_none() && t.get("type").is_some_and(|ty| ty != "custom") {
             continue;
         }
+        // Deferred tools are loaded only through tool search, which this server
+        // does not run: the model never sees them (Claude Code sends a
+        // `DeferredToolPlaceholder` that must never be called).
+        if t["defer_loading"] == true {
+            continue;
+        }
         let mut f = json!({"name": name,
             "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object", "properties": {}}))});
         if let Some(d) = t["description"].as_str() {
@@ -327,7 +333,8 @@ pub async fn messages(
         let mut index = 0usize;
         let mut text_open = false;
         let mut send = Vec::new();
-        while let Some(events) = gen.next().await {
+        let ping = || sse_event("ping", &json!({"type": "ping"}));
+        while let Some(events) = next_or_keepalive(&mut gen, &tx, ping).await {
             for e in events {
                 match e {
                     GenEvent::Text(t) => {
@@ -478,7 +485,8 @@ mod tests {
     #[test]
     fn tools_and_choice() {
         let t = to_openai_tools(&json!({"tools": [{"name": "f", "description": "d",
-            "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "web_search"}]})).unwrap();
+            "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "web_search"},
+            {"name": "DeferredToolPlaceholder", "input_schema": {"type": "object"}, "defer_loading": true}]})).unwrap();
         assert_eq!(t.len(), 1);
         assert_eq!(t[0]["function"]["parameters"], json!({"type": "object"}));
         assert_eq!(

@@ -137,6 +137,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        tracing::info!(status = self.status().as_u16(), message = %self.message, "API error");
         (self.status(), axum::Json(self.body())).into_response()
     }
 }

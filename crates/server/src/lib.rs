@@ -336,6 +336,43 @@ where
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// How long a stream may stay silent (a long prompt being prefilled) before
+/// a keep-alive event is sent: 15 s, or `TEMPO9_KEEPALIVE_MS`.
+pub fn keepalive_interval() -> std::time::Duration {
+    static D: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        let ms = std::env::var("TEMPO9_KEEPALIVE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .unwrap_or(15_000);
+        std::time::Duration::from_millis(ms)
+    })
+}
+
+/// The generation's next events; while none come for [`keepalive_interval`], sends
+/// `ping()` through `tx`, so clients with stream idle timeouts keep waiting
+/// through a long prefill (Claude Code and Codex give up on a stream silent
+/// for 5 minutes). `None` at the end, or when the client went away.
+pub async fn next_or_keepalive(
+    gen: &mut chat::Generation,
+    tx: &mpsc::Sender<Bytes>,
+    mut ping: impl FnMut() -> Bytes,
+) -> Option<Vec<chat::GenEvent>> {
+    let next = gen.next();
+    tokio::pin!(next);
+    loop {
+        tokio::select! {
+            events = &mut next => return events,
+            _ = tokio::time::sleep(keepalive_interval()) => {
+                if tx.send(ping()).await.is_err() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// One SSE `data:` line with a JSON payload.
 pub fn sse_data(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
@@ -365,7 +402,11 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
             .into_response();
         }
     }
+    let method = req.method().clone();
+    let t0 = std::time::Instant::now();
     let resp = next.run(req).await;
+    tracing::info!(%method, path = %path, status = resp.status().as_u16(),
+        ms = t0.elapsed().as_millis() as u64, "http");
     st.metrics.http(&route, resp.status().as_u16());
     resp
 }

@@ -146,6 +146,7 @@ impl Metrics {
 
     /// A first token arrived `d` after the request was received.
     pub fn first_token(&self, d: Duration) {
+        tracing::info!(ttft_secs = d.as_secs_f64(), "first token");
         let mut m = self.lock();
         m.ttft.observe(d.as_secs_f64());
         m.rate.add(Instant::now(), 1);
@@ -167,6 +168,14 @@ impl Metrics {
         completion: usize,
         d: Duration,
     ) {
+        tracing::info!(
+            reason,
+            prompt,
+            cached,
+            completion,
+            secs = d.as_secs_f64(),
+            "generation finished"
+        );
         let mut m = self.lock();
         m.prompt_tokens += prompt as u64;
         m.cached_tokens += cached as u64;

@@ -16,7 +16,7 @@ use crate::chat::{random_id, unix_time, GenEvent, GenParams, Prompt, Stop, ToolC
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{boolean, sampling, uint};
 use crate::tools::ToolCall;
-use crate::{parse_body, sse_event, streaming, AppState};
+use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState};
 
 const F: Family = Family::OpenAi;
 
@@ -125,7 +125,8 @@ pub fn to_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
     };
     let mut out = Vec::new();
     for t in arr {
-        if t["type"] != "function" {
+        // Deferred tools are only reachable through tool search, which is not run here.
+        if t["type"] != "function" || t["defer_loading"] == true {
             continue;
         }
         let name = t["name"]
@@ -313,6 +314,11 @@ pub async fn create(
             ev("response.created", json!({"response": resp.clone()})),
             ev("response.in_progress", json!({"response": resp.clone()})),
         ];
+        for b in out.drain(..) {
+            if tx.send(b).await.is_err() {
+                return;
+            }
+        }
         let mut output: Vec<Value> = Vec::new();
         // The open message item: (output index, item id, text so far).
         let mut msg: Option<(usize, String, String)> = None;
@@ -341,7 +347,12 @@ pub async fn create(
                 output.push(item);
             }
         };
-        while let Some(events) = gen.next().await {
+        loop {
+            // `response.in_progress` again while a long prompt is prefilled.
+            let ping = || ev("response.in_progress", json!({"response": resp.clone()}));
+            let Some(events) = next_or_keepalive(&mut gen, &tx, ping).await else {
+                break;
+            };
             for e in events {
                 match e {
                     GenEvent::Text(t) => {
@@ -450,7 +461,8 @@ mod tests {
     fn converts_tools_and_choice() {
         let t = to_tools(
             &json!({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}},
-                                           {"type": "web_search"}]}),
+                                           {"type": "web_search"},
+                                           {"type": "function", "name": "g", "defer_loading": true}]}),
         )
         .unwrap();
         assert_eq!(

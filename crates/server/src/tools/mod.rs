@@ -6,6 +6,7 @@
 //! known not to be, so partial markup never reaches a client. Markup that does
 //! not parse comes back as text, unchanged.
 
+mod gemma4;
 mod harmony;
 mod llama3;
 mod mistral;
@@ -13,6 +14,7 @@ mod qwen;
 
 use serde_json::Value;
 
+pub use gemma4::Gemma4Parser;
 pub use harmony::HarmonyParser;
 pub use llama3::Llama3Parser;
 pub use mistral::MistralParser;
@@ -31,6 +33,8 @@ pub enum ToolFormat {
     Mistral,
     /// GPT-OSS harmony channels: `<|channel|>commentary to=functions.NAME … <|message|>{…}<|call|>`.
     Harmony,
+    /// Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`.
+    Gemma4,
     /// No known tool-call syntax: output is plain text.
     None,
 }
@@ -41,6 +45,8 @@ impl ToolFormat {
     pub fn detect(template: &str, arch: &str) -> ToolFormat {
         if template.contains("<|channel|>") || arch == "gpt-oss" {
             ToolFormat::Harmony
+        } else if template.contains(gemma4::OPEN) {
+            ToolFormat::Gemma4
         } else if template.contains("<function=") && template.contains("<parameter=") {
             ToolFormat::QwenXml
         } else if template.contains("<tool_call>") {
@@ -63,6 +69,7 @@ impl ToolFormat {
     pub fn parser(self, tools: &[Value], parse_calls: bool) -> Box<dyn ToolParser> {
         match (self, parse_calls) {
             (ToolFormat::Harmony, _) => Box::new(HarmonyParser::new(parse_calls)),
+            (ToolFormat::Gemma4, _) => Box::new(Gemma4Parser::new(parse_calls)),
             (_, false) | (ToolFormat::None, _) => Box::new(PlainParser),
             (ToolFormat::Hermes | ToolFormat::QwenXml, true) => Box::new(QwenParser::new(tools)),
             (ToolFormat::Llama3, true) => Box::new(Llama3Parser::new()),
@@ -97,6 +104,8 @@ impl ToolFormat {
             (ToolFormat::Harmony, Some(n)) => Some(format!(
                 "<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
             )),
+            (ToolFormat::Gemma4, None) => Some(format!("{}call:", gemma4::OPEN)),
+            (ToolFormat::Gemma4, Some(n)) => Some(format!("{}call:{n}{{", gemma4::OPEN)),
             (ToolFormat::None, _) => None,
         }
     }
@@ -116,6 +125,14 @@ impl ToolFormat {
             ],
             ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
             ToolFormat::Llama3 => &["<|python_tag|>"],
+            ToolFormat::Gemma4 => &[
+                gemma4::OPEN,
+                gemma4::CLOSE,
+                gemma4::QUOTE,
+                gemma4::CHANNEL_OPEN,
+                gemma4::CHANNEL_CLOSE,
+                gemma4::RESPONSE_OPEN,
+            ],
             ToolFormat::Hermes | ToolFormat::QwenXml => &["<tool_call>", "</tool_call>"],
             ToolFormat::None => &[],
         }
@@ -402,6 +419,13 @@ mod tests {
         assert_eq!(
             ToolFormat::detect("<|start|>assistant<|channel|>final", "gpt-oss"),
             ToolFormat::Harmony
+        );
+        assert_eq!(
+            ToolFormat::detect(
+                "<|turn>model\n<|tool_call>call:{{ name }}{{ '{' }}<tool_call|>",
+                "gemma4"
+            ),
+            ToolFormat::Gemma4
         );
         assert_eq!(
             ToolFormat::detect("<|im_start|>", "llama"),

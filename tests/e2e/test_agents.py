@@ -1,0 +1,170 @@
+"""Requests shaped like the ones real coding agents send (recorded by
+bench/agents/proxy.py from Claude Code 2.1.332, Codex CLI 0.171.0 and OpenClaw
+2026.9.6), on Qwen2.5-Coder-0.5B: the fields they add are accepted, deferred
+tools are not shown to the model, and a second agent turn that repeats the
+first turn's system prompt and tools is served from the prefix cache even when
+the client's volatile billing line changes."""
+
+import json
+import os
+
+import anthropic
+import httpx
+import pytest
+
+from conftest import SMOL, Server
+
+STABLE = ("You are an agent working with the user toward their goals, using your own judgment. "
+          "Text you output outside of tool use is displayed to the user as markdown. ") * 8
+READ = {"name": "Read", "description": "Reads a file from the local filesystem.",
+        "input_schema": {"type": "object", "properties": {
+            "file_path": {"type": "string", "description": "The absolute path to the file to read"}},
+            "required": ["file_path"]}}
+PLACEHOLDER = {"name": "DeferredToolPlaceholder",
+               "description": "Reserved placeholder that keeps deferred tool loading active; never call this tool.",
+               "input_schema": {"type": "object", "properties": {}}, "defer_loading": True}
+
+
+def claude_code_body(model, billing, messages):
+    """The shape of Claude Code's /v1/messages?beta=true body."""
+    return {
+        "model": model, "max_tokens": 24, "stream": False, "temperature": 0,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.%s; cc_entrypoint=sdk-cli;" % billing},
+                   {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+                   {"type": "text", "text": STABLE, "cache_control": {"type": "ephemeral"}}],
+        "tools": [PLACEHOLDER, READ],
+        "messages": messages,
+        "metadata": {"user_id": "{\"device_id\":\"x\",\"session_id\":\"y\"}"},
+        "thinking": {"type": "adaptive", "display": "updates"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+    }
+
+
+FIRST = [
+    {"role": "user", "content": "Use a tool to read the file hello.txt, then tell me its first line."},
+    {"role": "system", "content": [{"type": "text", "text": "# Environment\n - Primary working directory: /tmp/w\n\nToday's date is 2026-11-30.",
+                                    "cache_control": {"type": "ephemeral"}}]},
+]
+
+
+def test_claude_code_turns_are_cached_and_deferred_tools_hidden(qwen):
+    c = anthropic.Anthropic(base_url=qwen.base, api_key="dummy", max_retries=0, timeout=300)
+    post = lambda body: httpx.post(qwen.base + "/v1/messages?beta=true", json=body, timeout=300,
+                                   headers={"anthropic-version": "2023-06-01", "x-api-key": "dummy"})
+    # The deferred placeholder is not rendered: counting with or without it agrees.
+    body = claude_code_body(qwen.name, "461", FIRST)
+    n_with = c.messages.count_tokens(model=qwen.name, system=body["system"], tools=[PLACEHOLDER, READ],
+                                     messages=FIRST).input_tokens
+    n_without = c.messages.count_tokens(model=qwen.name, system=body["system"], tools=[READ],
+                                        messages=FIRST).input_tokens
+    assert n_with == n_without
+    r1 = post(body)
+    assert r1.status_code == 200, r1.text
+    u1 = r1.json()["usage"]
+    prompt1 = u1["input_tokens"] + u1["cache_read_input_tokens"]
+    # Turn 2: a different billing line (it changes per request), the same system
+    # prompt and tools, the previous turn and a tool result appended.
+    second = FIRST + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
+                                           "input": {"file_path": "/tmp/w/hello.txt"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": "1\tThe secret word is pelican.",
+                                      "cache_control": {"type": "ephemeral"}}]},
+    ]
+    body2 = claude_code_body(qwen.name, "9f3", second)
+    body2["stream"] = True
+    events = []
+    with httpx.stream("POST", qwen.base + "/v1/messages?beta=true", json=body2, timeout=300,
+                      headers={"anthropic-version": "2023-06-01", "x-api-key": "dummy"}) as r2:
+        assert r2.status_code == 200
+        for line in r2.iter_lines():
+            if line.startswith("event: "):
+                events.append(line[7:])
+            if line.startswith("data: ") and '"message_delta"' in line:
+                u2 = json.loads(line[6:])["usage"]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    # Everything up to the end of turn 1's prompt (whole KV pages) is reused.
+    assert u2["cache_read_input_tokens"] >= prompt1 - 192
+    assert u2["cache_read_input_tokens"] > 0 and u2["input_tokens"] > 0
+
+
+def codex_body(model, items, stream):
+    """The shape of Codex CLI's /v1/responses body (custom provider, wire_api "responses")."""
+    return {
+        "model": model, "stream": stream, "instructions": None, "input": items,
+        "tools": [{"type": "function", "name": "exec_command", "description": "Runs a command in a PTY.",
+                   "strict": False, "parameters": {"type": "object", "properties": {
+                       "cmd": {"type": "string", "description": "Shell command to execute."}},
+                       "required": ["cmd"], "additionalProperties": False}},
+                  {"type": "namespace", "name": "multi_agent_v1", "tools": []},
+                  {"type": "web_search", "external_web_access": False}],
+        "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
+        "store": False, "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "01a22d41-e3bb-72e0-b943-cf125336c971",
+        "client_metadata": {"x-codex-turn-metadata": "{\"turn_id\":\"t\"}"},
+        "max_output_tokens": 24, "temperature": 0,
+    }
+
+
+def test_codex_turns_are_cached(qwen):
+    dev = {"type": "message", "role": "developer",
+           "content": [{"type": "input_text", "text": "You are a coding agent running in the Codex CLI. " + STABLE}]}
+    user = {"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Use a tool to read the file hello.txt, then tell me its first line."}]}
+    r1 = httpx.post(qwen.base + "/v1/responses", json=codex_body(qwen.name, [dev, user], False), timeout=300)
+    assert r1.status_code == 200, r1.text
+    prompt1 = r1.json()["usage"]["input_tokens"]
+    items = [dev, user,
+             {"type": "reasoning", "summary": [], "encrypted_content": None},
+             {"type": "function_call", "call_id": "call_1", "name": "exec_command",
+              "arguments": "{\"cmd\":\"cat hello.txt\"}"},
+             {"type": "function_call_output", "call_id": "call_1",
+              "output": "Chunk ID: 1\nOutput:\nThe secret word is pelican.\n"}]
+    events, usage = [], None
+    with httpx.stream("POST", qwen.base + "/v1/responses", json=codex_body(qwen.name, items, True),
+                      timeout=300) as r2:
+        assert r2.status_code == 200
+        for line in r2.iter_lines():
+            if line.startswith("data: "):
+                d = json.loads(line[6:])
+                events.append(d["type"])
+                if d["type"] in ("response.completed", "response.incomplete"):
+                    usage = d["response"]["usage"]
+    assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
+    assert usage["input_tokens_details"]["cached_tokens"] >= prompt1 - 192 > 0
+
+
+@pytest.fixture(scope="module")
+def smol_keepalive():
+    """SmolLM2 with keep-alive events every 20 ms (instead of 15 s)."""
+    os.environ["TEMPO9_KEEPALIVE_MS"] = "20"
+    try:
+        s = Server(SMOL, [])
+    finally:
+        del os.environ["TEMPO9_KEEPALIVE_MS"]
+    yield s
+    s.stop()
+
+
+def test_streams_send_keepalives_during_long_prefill(smol_keepalive):
+    srv = smol_keepalive
+    long_text = "The quick brown fox jumps over the lazy dog. " * 300
+    body = {"model": srv.name, "max_tokens": 4, "stream": True,
+            "messages": [{"role": "user", "content": long_text + "Say hi."}]}
+    with httpx.stream("POST", srv.base + "/v1/messages", json=body, timeout=300) as r:
+        names = [l[7:] for l in r.iter_lines() if l.startswith("event: ")]
+    first_block = names.index("content_block_start")
+    # message_start, the initial ping, then pings while the prompt is prefilled.
+    assert names[0] == "message_start" and names[1:first_block].count("ping") >= 2, names
+    assert names[-1] == "message_stop"
+    body = {"model": srv.name, "max_output_tokens": 4, "stream": True, "input": long_text + "Say hi!"}
+    types = []
+    with httpx.stream("POST", srv.base + "/v1/responses", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                types.append(json.loads(line[6:])["type"])
+    first_item = types.index("response.output_item.added")
+    assert types[:2] == ["response.created", "response.in_progress"]
+    assert types[2:first_item].count("response.in_progress") >= 2, types
+    assert types[-1] in ("response.completed", "response.incomplete")
