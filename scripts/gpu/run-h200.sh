@@ -4,11 +4,20 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pack
+#   steps: build synth parity bench streams variants pdl llamabench ncu depth prefix offload pack
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
 #   variants  bench with CUDA graphs off / ggml's graph optimisation on, for attribution
+#   pdl     8B decode with programmatic dependent launch on (ggml's default; Tempo9 turns it off)
+#   llamabench  builds llama.cpp's llama-bench from .llama-src (started in the background
+#           by `build`) and runs pp512/tg128 -fa 1 on the 8B file, PDL default and off
+#   ncu     per-kernel GPU time and DRAM bytes of a few 8B decode steps (Nsight Compute),
+#           Tempo9 and llama-bench; analyse with scripts/gpu/ncu-steps.py
+#   depth   decode at a 10K-token context, Tempo9 and llama-bench (-d 10240)
+#   prefix  prefix hit at a 10K-token shared prefix (bench --streams 1,8 --shared-prefix 10240)
+#   offload partial offload (--gpu-layers): greedy tokens vs CPU and vs the whole
+#           model on the GPU (135m, 0.5b), and 8B speed with half the layers on the GPU
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,11 +43,22 @@ if has build; then
     fi
 fi
 
+if has llamabench && [ -d "$root/.llama-src" ]; then
+    # CPU-only compile; overlaps the synthetic model writing below.
+    bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
+    llama_build=$!
+fi
+
 if has synth; then
     say synth
     $T synth-gguf --arch llama --preset 135m --quant q4_k --out "$work/llama-135m-q4_k.gguf"
     $T synth-gguf --arch qwen2 --preset 0.5b --quant q4_k --out "$work/qwen2-0.5b-q4_k.gguf"
     $T synth-gguf --arch llama --preset 8b --quant q4_k --unique-mib 4 --out "$work/llama-8b-q4_k.gguf"
+fi
+
+# Timed steps below: let the llama.cpp compile finish first (it takes every core).
+if [ -n "${llama_build:-}" ]; then
+    wait "$llama_build"; llama_rc=$?
 fi
 
 if has parity; then
@@ -74,6 +94,72 @@ if has variants; then
         2>>"$out/run.log" | sed 's/^{/{"variant":"GGML_CUDA_GRAPH_OPT=1",/' | tee -a "$out/results.jsonl"
     TEMPO9_LOG=ggml=debug $T bench --gguf "$work/$m.gguf" --device cuda --pp 0 --tg 32 --reps 1 2>&1 >/dev/null \
         | grep -o "CUDA graph[a-z ]*\|warmup [a-z]*" | sort | uniq -c
+fi
+
+if has pdl; then
+    say pdl
+    GGML_CUDA_PDL=1 $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --pp 0 --tg 128 --reps 3 \
+        2>>"$out/run.log" | sed 's/^{/{"variant":"GGML_CUDA_PDL=1",/' | tee -a "$out/results.jsonl"
+fi
+
+if has llamabench; then
+    say llamabench
+    if [ "${llama_rc:-1}" = 0 ]; then
+        tail -1 "$work/llama-build.log" | tee -a "$out/run.log"
+        LB="bash $root/scripts/gpu/llama-bench.sh run $work/llama-8b-q4_k.gguf"
+        for pdl in default 0; do
+            env $([ $pdl = 0 ] && echo GGML_CUDA_PDL=0) $LB -p 512 -n 128 -fa 1 -r 3 -o jsonl \
+                2>>"$out/run.log" | sed "s/^{/{\"pdl\":\"$pdl\",/" | tee -a "$out/llama-bench.jsonl"
+        done
+    else
+        tail -30 "$work/llama-build.log"
+    fi
+fi
+
+if has ncu; then
+    say ncu
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+    nc() { timeout 150 "$NCU" --clock-control none --metrics $metrics --csv --print-units base \
+        --print-kernel-base function --log-file "$1" "${@:2}" >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"; }
+    # 2 warm-up steps (3-token prompt, 1 decode), then 1 + 3 single-token steps.
+    nc "$out/ncu-tempo9.csv" $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --pp 0 --tg 4 --reps 1
+    [ -x /tmp/llama-build/bin/llama-bench ] && nc "$out/ncu-llama.csv" \
+        env LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-bench \
+        -m "$work/llama-8b-q4_k.gguf" -p 0 -n 4 -r 1 -fa 1 --no-warmup -o jsonl
+    ls -la "$out"
+fi
+
+if has depth; then
+    say depth
+    # Decode at a 10K-token context: Tempo9 (one request, 10240 prompt tokens) and llama-bench -d.
+    $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --streams 1 --stream-prompt 10240 --tg 128 \
+        2>>"$out/run.log" | sed 's/^{/{"variant":"depth10240",/' | tee -a "$out/results.jsonl"
+    [ -x /tmp/llama-build/bin/llama-bench ] && bash "$root/scripts/gpu/llama-bench.sh" run \
+        "$work/llama-8b-q4_k.gguf" -p 0 -n 128 -d 10240 -fa 1 -r 2 -o jsonl 2>>"$out/run.log" \
+        | sed 's/^{/{"pdl":"default",/' | tee -a "$out/llama-bench.jsonl"
+fi
+
+if has prefix; then
+    say prefix
+    # Prefix hit at a 10K-token shared prefix through the engine API: a first request
+    # caches the prefix (cold TTFT), then 1 and 8 requests with their own 64-token
+    # suffixes reuse it (warm TTFT; decode over shared + own pages).
+    $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --streams 1,8 --shared-prefix 10240 \
+        --stream-prompt 64 --tg 128 2>>"$out/run.log" | sed 's/^{/{"variant":"prefix10240",/' \
+        | tee -a "$out/results.jsonl"
+fi
+
+if has offload; then
+    say offload
+    for mg in llama-135m-q4_k:15 qwen2-0.5b-q4_k:12 llama-135m-q4_k:0; do
+        $T check-device --gguf "$work/${mg%%:*}.gguf" --device cuda --gpu-layers "${mg##*:}" \
+            --prompts 8 --tokens 32 2>>"$out/run.log" | tee -a "$out/results.jsonl"
+    done
+    for n in 16 31; do
+        $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --gpu-layers $n --pp 512 --tg 32 --reps 1 \
+            2>>"$out/run.log" | sed "s/^{/{\"gpu_layers\":$n,/" | tee -a "$out/results.jsonl"
+    done
 fi
 
 if has pack; then

@@ -32,6 +32,11 @@ pub struct BenchArgs {
     /// Prompt tokens of each request in --streams mode.
     #[arg(long, value_name = "N", default_value_t = 128)]
     stream_prompt: usize,
+    /// In --streams mode, a prefix of N tokens shared by every request's prompt
+    /// (before its own --stream-prompt tokens), cached by a first request run
+    /// alone: the prefix-hit scenario (cold vs warm time to first token).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    shared_prefix: usize,
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
@@ -77,6 +82,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 n.max(1),
                 a.stream_prompt.max(1),
                 a.tg.max(1),
+                a.shared_prefix,
                 0x9E37_79B9_7F4A_7C15 ^ i as u64,
             )?;
             r["model"] = json!(name);

@@ -5,7 +5,9 @@
 //! CUDA to Q8_1; reductions run in other orders), so greedy streams may part where
 //! the top two candidates are nearly tied. The report says where each pair of
 //! streams first differs and how close the reference's top two were there, plus
-//! the largest log-probability difference over the common prefix.
+//! the largest log-probability difference over the common prefix. With
+//! `--gpu-layers N` (partial offload) the device's streams are also compared with
+//! the whole model on the device.
 
 use std::sync::Arc;
 
@@ -13,7 +15,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use tempo9_engine::{EngineCore, Event, FinishReason, Request, SamplingParams};
-use tempo9_ggml::Device;
+use tempo9_ggml::{Device, DeviceKind};
+use tempo9_models::weights::Offload;
 use tempo9_models::{LoadOptions, Model};
 use tempo9_tokenizer::Tokenizer;
 
@@ -165,7 +168,20 @@ pub fn run(a: CheckArgs) -> Result<()> {
     let cpu_alone = generate(&cpu, &tok, &a, &prompts, false)?;
     let dev_alone = generate(&dev, &tok, &a, &prompts, false)?;
     let dev_batch = generate(&dev, &tok, &a, &prompts, true)?;
-    let out = json!({
+    // Partial offload (--gpu-layers): also against the whole model on the device.
+    let partial = dev.device().kind() != DeviceKind::Cpu && a.model.device.gpu_layers.is_some();
+    let vs_full = match partial {
+        true => {
+            let mut opts = LoadOptions::new(dev.device());
+            opts.offload = Offload::All;
+            let full = Arc::new(Model::load(&a.model.gguf, opts)?);
+            let full_alone = generate(&full, &tok, &a, &prompts, false)?;
+            drop(full);
+            compare(&full_alone, &dev_alone, a.tie)
+        }
+        false => Value::Null,
+    };
+    let mut out = json!({
         "check": "device-vs-cpu",
         "model": a.model.gguf.file_name().map(|n| n.to_string_lossy().into_owned()),
         "device": dev.device().description(),
@@ -176,6 +192,12 @@ pub fn run(a: CheckArgs) -> Result<()> {
         "device_batched_vs_device_alone": compare(&dev_alone, &dev_batch, a.tie),
         "device_batched_vs_cpu_alone": compare(&cpu_alone, &dev_batch, a.tie),
     });
+    if partial {
+        out["gpu_layers"] = json!(a.model.device.gpu_layers);
+        out["n_layer"] = json!(dev.hparams().n_layer);
+        out["weights"] = json!(dev.weight_placement());
+        out["device_alone_vs_full_offload_alone"] = vs_full;
+    }
     println!("{out}");
     Ok(())
 }

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use tempo9_ggml::{load_backend, Device, DeviceKind};
+use tempo9_models::weights::Offload;
 
 /// Which device to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -29,6 +30,12 @@ pub struct DeviceArgs {
     /// directory of the tempo9 binary).
     #[arg(long, value_name = "DIR", env = "TEMPO9_BACKEND_DIR")]
     pub backend_dir: Option<PathBuf>,
+    /// Transformer layers on the GPU, counted from the last one (like llama.cpp's
+    /// --n-gpu-layers): their weights and KV cache go to the GPU, the other layers'
+    /// stay in host memory and run on the CPU; the output layer joins the GPU once
+    /// every layer is there. Default: the whole model. Ignored on the CPU.
+    #[arg(long, value_name = "N")]
+    pub gpu_layers: Option<usize>,
 }
 
 /// Library file of the CUDA backend.
@@ -66,6 +73,11 @@ fn cuda_devices(dir: Option<&PathBuf>) -> &'static Result<Vec<Device>, String> {
 }
 
 impl DeviceArgs {
+    /// Which layers the GPU gets (`--gpu-layers`).
+    pub fn offload(&self) -> Offload {
+        self.gpu_layers.map_or(Offload::All, Offload::Layers)
+    }
+
     /// The device the flags ask for.
     pub fn select(&self) -> Result<Device> {
         if self.device == DeviceChoice::Cpu {

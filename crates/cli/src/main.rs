@@ -152,6 +152,7 @@ pub fn load_model(path: &Path, dev: &device::DeviceArgs) -> Result<Arc<Model>> {
             device,
             progress: Some(&mut progress),
             repack: true,
+            offload: dev.offload(),
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;

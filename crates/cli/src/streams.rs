@@ -19,7 +19,11 @@ struct StreamTimes {
 }
 
 /// Runs `n` concurrent requests of `prompt_len` random prompt tokens and `gen`
-/// generated tokens each; returns a JSON summary.
+/// generated tokens each; returns a JSON summary. With `shared_prefix > 0` every
+/// prompt starts with the same `shared_prefix` tokens (the prefix-hit scenario): one
+/// request with that prefix runs first, alone (its time to first token is the cold
+/// TTFT), so the timed requests find the prefix in the cache.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     model: Arc<Model>,
     tok: Arc<Tokenizer>,
@@ -27,6 +31,7 @@ pub fn run(
     n: usize,
     prompt_len: usize,
     gen: usize,
+    shared_prefix: usize,
     seed: u64,
 ) -> Result<Value> {
     let n_vocab = model.hparams().n_vocab as u64;
@@ -48,9 +53,30 @@ pub fn run(
     // shape the timed run starts with.
     let warm = engine.submit(request((0..8).map(|_| next()).collect(), 2))?;
     drain(warm)?;
-    let prompts: Vec<Vec<u32>> = (0..n)
-        .map(|_| (0..prompt_len).map(|_| next()).collect())
-        .collect();
+    let prefix: Vec<u32> = (0..shared_prefix).map(|_| next()).collect();
+    let prompt = |next: &mut dyn FnMut() -> u32| -> Vec<u32> {
+        let mut p = prefix.clone();
+        p.extend((0..prompt_len).map(|_| next()));
+        p
+    };
+    let cold = match shared_prefix {
+        0 => None,
+        _ => {
+            let t = Instant::now();
+            let mut st = engine.submit(request(prompt(&mut next), 2))?;
+            let mut first = None;
+            while let Some(ev) = st.blocking_recv() {
+                match ev {
+                    Event::Token(_) => {
+                        first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+                    }
+                    Event::Finished(_) => break,
+                }
+            }
+            first
+        }
+    };
+    let prompts: Vec<Vec<u32>> = (0..n).map(|_| prompt(&mut next)).collect();
     let s0 = engine.stats();
     let g0 = tempo9_ggml::sched_stats();
     let t0 = Instant::now();
@@ -106,9 +132,14 @@ pub fn run(
         })
         .collect();
     let steps = s1.steps_total - s0.steps_total;
+    // Join the engine thread now: its KV pool and SSD flush must not overlap the next
+    // run, nor outlive main (freeing device buffers during CUDA's exit teardown aborts).
+    engine.shutdown();
     Ok(json!({
         "streams": n,
-        "prompt_tokens": prompt_len,
+        "prompt_tokens": prompt_len + shared_prefix,
+        "shared_prefix_tokens": shared_prefix,
+        "cold_ttft_s": cold,
         "gen_tokens": gen,
         "wall_s": wall,
         "generated": generated,

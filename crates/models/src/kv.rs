@@ -9,6 +9,7 @@
 
 use tempo9_ggml::{f32_to_f16_bits, DType, Device, DeviceKind, Tensor, TensorStore};
 
+use crate::weights::Offload;
 use crate::{HParams, ModelError};
 
 /// Per-layer K and V pools on one device.
@@ -21,6 +22,19 @@ pub struct KvStore {
 impl KvStore {
     /// Allocates `n_cells` cells for every layer of a model with `hp` on `device`.
     pub fn new(hp: &HParams, device: Device, n_cells: usize) -> Result<KvStore, ModelError> {
+        KvStore::with_offload(hp, device, n_cells, Offload::All)
+    }
+
+    /// Like [`KvStore::new`], with each layer's cells where its weights are: on
+    /// `device` for the layers `offload` gives it, in host memory for the others
+    /// (as llama.cpp does with `--n-gpu-layers`), so attention runs next to the
+    /// layer's matmuls and a partially offloaded model keeps device memory for weights.
+    pub fn with_offload(
+        hp: &HParams,
+        device: Device,
+        n_cells: usize,
+        offload: Offload,
+    ) -> Result<KvStore, ModelError> {
         if n_cells == 0 {
             return Err(ModelError::BadHParams("KV store with zero cells".into()));
         }
@@ -37,25 +51,39 @@ impl KvStore {
                 &[hp.n_embd_v() as i64, n_cells as i64],
             );
         }
-        let buft = device.buffer_type();
-        // One buffer for all layers; the OS commits host pages only when tokens are written.
-        let align = buft.alignment().max(1);
-        let mut size = 0;
-        let mut offsets = Vec::with_capacity(store.len());
-        for i in 0..store.len() {
-            offsets.push(size);
-            size += buft.alloc_size(store.get(i)).div_ceil(align) * align;
+        let on_device =
+            |il: usize| device.kind() != DeviceKind::Cpu && offload.layer_on_device(il, hp.n_layer);
+        // One buffer per place for all its layers; the OS commits host pages only
+        // when tokens are written.
+        for dev in [true, false] {
+            let ids: Vec<usize> = (0..store.len())
+                .filter(|&i| on_device(i / 2) == dev)
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            let buft = match dev {
+                true => device.buffer_type(),
+                false => Device::cpu().buffer_type(),
+            };
+            let align = buft.alignment().max(1);
+            let mut size = 0;
+            let mut offsets = Vec::with_capacity(ids.len());
+            for &i in &ids {
+                offsets.push(size);
+                size += buft.alloc_size(store.get(i)).div_ceil(align) * align;
+            }
+            let buf = buft.alloc(size)?;
+            for (&i, off) in ids.iter().zip(offsets) {
+                buf.place(store.get(i), off)?;
+            }
+            // Masked cells are skipped on the CPU, but GPU kernels may multiply
+            // garbage by zero (NaN * 0 = NaN): clear device memory once.
+            if dev {
+                buf.clear(0);
+            }
+            store.keep_buffer(buf);
         }
-        let buf = buft.alloc(size)?;
-        for (i, off) in offsets.into_iter().enumerate() {
-            buf.place(store.get(i), off)?;
-        }
-        // Masked cells are skipped on the CPU, but GPU kernels may multiply garbage by
-        // zero (NaN * 0 = NaN): clear device memory once.
-        if device.kind() != DeviceKind::Cpu {
-            buf.clear(0);
-        }
-        store.keep_buffer(buf);
         Ok(KvStore {
             store,
             n_cells,

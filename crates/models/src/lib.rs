@@ -21,7 +21,7 @@ use tempo9_gguf::{GgufError, GgufFile};
 pub use hparams::{Arch, HParams};
 pub use kv::{KvStore, MaskBuilder};
 use layers::{Builder, Inputs, SeqInputs};
-use weights::{SpecList, Weights};
+use weights::{Offload, SpecList, Weights};
 
 /// Errors from loading or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +162,9 @@ pub struct LoadOptions<'p> {
     pub progress: Option<&'p mut dyn FnMut(u64, u64)>,
     /// Copy CPU matmul weights into ggml's repacked layouts (faster; costs RAM).
     pub repack: bool,
+    /// Which layers a GPU `device` gets (their weights and KV cells); the rest stay
+    /// on the CPU. Ignored when `device` is the CPU.
+    pub offload: Offload,
 }
 
 impl LoadOptions<'_> {
@@ -171,6 +174,7 @@ impl LoadOptions<'_> {
             device,
             progress: None,
             repack: true,
+            offload: Offload::All,
         }
     }
 }
@@ -181,6 +185,7 @@ pub struct Model {
     weights: Weights,
     graphs: Graphs,
     device: Device,
+    offload: Offload,
     file: Arc<GgufFile>,
 }
 
@@ -207,13 +212,21 @@ impl Model {
             Some(p) => *p,
             None => &mut no_progress,
         };
-        let weights = Weights::load(&file, specs.specs(), opts.device, opts.repack, progress)?;
+        let weights = Weights::load_with(
+            &file,
+            specs.specs(),
+            opts.device,
+            opts.offload,
+            opts.repack,
+            progress,
+        )?;
         tracing::info!(arch = hp.arch.name(), layers = hp.n_layer, placement = ?weights.placement, "model loaded");
         Ok(Model {
             hp,
             weights,
             graphs,
             device: opts.device,
+            offload: opts.offload,
             file,
         })
     }
@@ -228,6 +241,11 @@ impl Model {
         self.device
     }
 
+    /// Which layers the device holds (all of them unless partially offloaded).
+    pub fn offload(&self) -> Offload {
+        self.offload
+    }
+
     /// The GGUF file the model came from.
     pub fn gguf(&self) -> &Arc<GgufFile> {
         &self.file
@@ -238,9 +256,10 @@ impl Model {
         &self.weights.placement
     }
 
-    /// A KV pool of `n_cells` cells for this model on its device.
+    /// A KV pool of `n_cells` cells for this model, each layer's cells on the
+    /// device that holds the layer's weights.
     pub fn new_kv(&self, n_cells: usize) -> Result<KvStore, ModelError> {
-        KvStore::new(&self.hp, self.device, n_cells)
+        KvStore::with_offload(&self.hp, self.device, n_cells, self.offload)
     }
 
     fn check(&self, b: &StepBatch, kv: &KvStore) -> Result<(), ModelError> {

@@ -135,6 +135,23 @@ pub enum Offload {
 }
 
 impl Offload {
+    /// Whether transformer block `il` of `n_layer` goes to the device (its weights,
+    /// and its KV cells, see [`crate::KvStore::with_offload`]).
+    pub fn layer_on_device(self, il: usize, n_layer: usize) -> bool {
+        match self {
+            Offload::All => true,
+            Offload::Layers(n) => il + n.min(n_layer) >= n_layer,
+        }
+    }
+
+    /// Whether the device gets every block (and so the output norm and projection).
+    pub fn is_full(self, n_layer: usize) -> bool {
+        match self {
+            Offload::All => true,
+            Offload::Layers(n) => n >= n_layer,
+        }
+    }
+
     /// Per spec: whether it goes to the device.
     fn on_device(self, specs: &[WeightSpec]) -> Vec<bool> {
         let layer = |name: &str| -> Option<usize> {
@@ -145,15 +162,11 @@ impl Offload {
             .filter_map(|s| layer(&s.name))
             .max()
             .map_or(0, |l| l + 1);
-        let n = match self {
-            Offload::All => n_layer,
-            Offload::Layers(n) => n.min(n_layer),
-        };
         specs
             .iter()
             .map(|s| match layer(&s.name) {
-                Some(il) => il >= n_layer - n,
-                None => n == n_layer,
+                Some(il) => self.layer_on_device(il, n_layer),
+                None => self.is_full(n_layer),
             })
             .collect()
     }
@@ -387,5 +400,11 @@ mod tests {
             two,
             [false, false, false, false, false, true, true, true, true, false]
         );
+        assert!((0..4).all(|il| Offload::All.layer_on_device(il, 4)));
+        let kv: Vec<bool> = (0..4)
+            .map(|il| Offload::Layers(2).layer_on_device(il, 4))
+            .collect();
+        assert_eq!(kv, [false, false, true, true]);
+        assert!(!Offload::Layers(0).layer_on_device(3, 4));
     }
 }
