@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use tempo9_engine::{default_threads, EngineConfig, Policy};
+use tempo9_engine::{default_threads, EngineConfig, Policy, SsdConfig};
 use tempo9_models::{LoadOptions, Model};
 
 /// Tempo9: a local LLM inference engine for many agents sharing one runtime.
@@ -66,6 +66,23 @@ pub struct ModelArgs {
     /// Tokens per KV page (16, 32, 64, 128 or 256); the prefix cache shares whole pages.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub kv_page_tokens: usize,
+    /// Directory of the SSD tier for KV pages: cached prefix pages evicted from RAM
+    /// are written there and read back on a later prefix hit (default:
+    /// `$XDG_CACHE_HOME/tempo9/kv`, else `~/.cache/tempo9/kv`).
+    #[arg(long, value_name = "DIR")]
+    pub kv_ssd_dir: Option<PathBuf>,
+    /// Disk space of the SSD tier, e.g. `8G`; least recently used pages are removed
+    /// beyond it (default: min(16 GiB, a quarter of the free space)).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub kv_ssd_budget: Option<usize>,
+    /// Turn the SSD tier off: pages evicted from RAM are dropped and recomputed.
+    #[arg(long, conflicts_with_all = ["kv_ssd_dir", "kv_ssd_budget", "kv_persist"])]
+    pub no_kv_ssd: bool,
+    /// Keep the SSD tier and its index across restarts (under a subdirectory named
+    /// after the model file and KV layout), and write the RAM prefix cache to it on
+    /// shutdown, so a restarted server serves known prefixes from disk.
+    #[arg(long)]
+    pub kv_persist: bool,
     /// Most tokens computed in one step; long prompts are prefilled in chunks of
     /// this size while other requests keep decoding.
     #[arg(long, value_name = "N", default_value_t = 512)]
@@ -114,8 +131,26 @@ impl ModelArgs {
             step_tokens: self.step_tokens,
             max_context: self.ctx,
             policy: self.policy,
+            ssd: self.ssd_config(),
             ..EngineConfig::default()
         })
+    }
+
+    /// The SSD tier's settings: on unless `--no-kv-ssd`.
+    fn ssd_config(&self) -> Option<SsdConfig> {
+        if self.no_kv_ssd {
+            return None;
+        }
+        let dir = self
+            .kv_ssd_dir
+            .clone()
+            .unwrap_or_else(tempo9_engine::ssd::default_dir);
+        let mut cfg = SsdConfig::new(dir);
+        if let Some(b) = self.kv_ssd_budget {
+            cfg.budget_bytes = b as u64;
+        }
+        cfg.persist = self.kv_persist;
+        Some(cfg)
     }
 }
 

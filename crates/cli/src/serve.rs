@@ -175,7 +175,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(tempo9_server::serve(state))
+    let served = rt.block_on(tempo9_server::serve(state.clone()));
+    // Flushes the KV SSD tier (and saves it with --kv-persist) before exiting.
+    state.engine.shutdown();
+    served
 }
 
 #[cfg(test)]

@@ -8,6 +8,12 @@
 //! full pages are shared through the global prefix cache. When pages run out,
 //! cached pages are evicted first, then the lowest-ranked running request is
 //! preempted (its KV is dropped and recomputed when it is admitted again).
+//!
+//! With an SSD tier ([`EngineConfig::ssd`], [`crate::ssd`]), cached pages evicted
+//! from RAM are written to disk, so a preempted request's full pages and every
+//! evicted prefix stay reachable; a prefix that continues on disk is read back into
+//! fresh RAM pages before the request's prefill is scheduled (the hooks are in the
+//! last `impl EngineCore` block of this file).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,12 +24,13 @@ use tempo9_models::{
 use tempo9_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
-use crate::pages::PagePool;
+use crate::pages::{PagePool, PrefixMatch, ROOT_HASH};
 use crate::request::{
     Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenEvent, TokenMask, Usage,
 };
 use crate::sampler::{log_softmax_top, Sampler};
 use crate::scheduler::{Policy, Rank};
+use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 
 /// Granularity of a sequence's attention window (cells). llama.cpp pads the same
@@ -76,6 +83,9 @@ pub struct EngineConfig {
     pub max_context: Option<usize>,
     /// Which requests go first.
     pub policy: Policy,
+    /// Second tier for KV pages on local disk; `None` (the default here; the CLI
+    /// turns it on) keeps the prefix cache in RAM only.
+    pub ssd: Option<SsdConfig>,
 }
 
 impl Default for EngineConfig {
@@ -89,6 +99,7 @@ impl Default for EngineConfig {
             step_tokens: 512,
             max_context: None,
             policy: Policy::Fcfs,
+            ssd: None,
         }
     }
 }
@@ -182,6 +193,10 @@ pub struct EngineStats {
     pub steps_total: u64,
     /// Tokens computed by model steps (prompt chunks and decodes).
     pub computed_tokens_total: u64,
+    /// Requests waiting for their cached prefix to be read from the SSD tier.
+    pub loading: usize,
+    /// The SSD tier's counters (all zero without one).
+    pub ssd: SsdStats,
 }
 
 /// The stream of events of one submitted request. Dropping it cancels the request.
@@ -302,6 +317,19 @@ impl Live {
     }
 }
 
+/// An admitted request whose cached prefix is being read back from the SSD tier; it
+/// holds its pages but is not scheduled until the load is in.
+struct Loading {
+    live: Live,
+    load: LoadId,
+    /// Index in its page table of the first page being loaded.
+    first_page: usize,
+    /// The loaded pages' hashes, in order.
+    hashes: Vec<u64>,
+    /// Whether this is the request's first admission (its usage counts the hit).
+    first_admission: bool,
+}
+
 /// One running request's share of a step: tokens `start..end` to compute.
 #[derive(Debug, Clone)]
 struct Work {
@@ -323,6 +351,8 @@ pub struct EngineCore {
     page_bytes: usize,
     waiting: Vec<Live>,
     running: Vec<Live>,
+    ssd: Option<SsdTier>,
+    loading: Vec<Loading>,
     next_id: RequestId,
     /// Requests submitted but not yet admitted (shared with the threaded handle).
     queued: Arc<AtomicUsize>,
@@ -379,12 +409,20 @@ impl EngineCore {
             max_waiting: config.max_waiting,
             pool_tokens: n_pages * ps,
         };
+        let mut pool = PagePool::new(n_pages, ps);
+        let ssd = config
+            .ssd
+            .clone()
+            .and_then(|c| open_ssd(&model, &kv, ps, c));
+        pool.set_eviction_log(ssd.is_some());
         Ok(EngineCore {
             model,
             tok,
             exec,
             kv,
-            pool: PagePool::new(n_pages, ps),
+            pool,
+            ssd,
+            loading: Vec::new(),
             config,
             limits,
             page_bytes,
@@ -424,9 +462,9 @@ impl EngineCore {
         self.queued.clone()
     }
 
-    /// Whether any request is waiting or running.
+    /// Whether any request is waiting, loading or running.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.loading.is_empty()
     }
 
     /// Current counters.
@@ -444,6 +482,8 @@ impl EngineCore {
             prefix_query_tokens: p.query_tokens,
             prefix_hit_tokens: p.hit_tokens,
             evicted_pages: p.evicted_pages,
+            loading: self.loading.len(),
+            ssd: self.ssd.as_ref().map(SsdTier::stats).unwrap_or_default(),
             ..self.stats
         }
     }
@@ -552,9 +592,15 @@ impl EngineCore {
         if !self.has_work() {
             return Ok(false);
         }
+        self.ssd_finish_loads(false);
         self.admit();
         let work = self.schedule();
+        self.ssd_save_evicted();
         if work.is_empty() {
+            if !self.loading.is_empty() {
+                // Nothing to compute until a prefix is read back: wait for one.
+                self.ssd_finish_loads(true);
+            }
             return Ok(true);
         }
         let batch = self.assemble(&work);
@@ -582,8 +628,9 @@ impl EngineCore {
         self.running.iter().position(|s| s.id == id)
     }
 
-    /// Ends cancelled requests, waiting or running.
+    /// Ends cancelled requests, waiting, loading or running.
     fn reap_cancelled(&mut self) {
+        self.ssd_reap_cancelled();
         let mut i = 0;
         while i < self.waiting.len() {
             if self.waiting[i].cancelled() {
@@ -697,9 +744,10 @@ impl EngineCore {
                     if self.room(id) < n {
                         if !planned[i] {
                             // Higher-ranked requests hold the memory: wait for them.
-                            // Nothing is ranked higher: it can never fit.
+                            // Nothing is ranked higher (and no request holds pages
+                            // for a load from the SSD tier): it can never fit.
                             let alone = order[..k].iter().all(|&j| preempted[j]);
-                            if alone && work.is_empty() {
+                            if alone && work.is_empty() && self.loading.is_empty() {
                                 out_of_memory[i] = true;
                             } else {
                                 preempted[i] = true;
@@ -754,7 +802,9 @@ impl EngineCore {
     /// prompt: a resumed request whose whole prompt and some output are cached), so
     /// the prompt's last chunk runs through the same kernels as without the cache.
     fn usable_prefix(&self, w: &Live) -> usize {
-        let full = self.pool.lookup_prefix(&w.tokens, 0).n_cached_tokens;
+        let m = self.pool.lookup_prefix(&w.tokens, 0);
+        let on_disk = self.ssd_continuation(&w.tokens, &m).len();
+        let full = m.n_cached_tokens + on_disk * self.pool.page_size();
         if full >= w.n_prompt {
             w.tokens.len()
         } else {
@@ -768,7 +818,7 @@ impl EngineCore {
     fn admit(&mut self) {
         let policy = self.config.policy;
         self.waiting.sort_by_key(|s| policy.key(s.rank));
-        while self.running.len() < self.config.max_running {
+        while self.running.len() + self.loading.len() < self.config.max_running {
             let Some(w) = self.waiting.first() else { break };
             let usable = self.usable_prefix(w);
             let m = self.pool.lookup_prefix(&w.tokens[..usable], 0);
@@ -782,7 +832,10 @@ impl EngineCore {
             // Keep a page per running request so decodes are not starved right away.
             let reserve = self.running.len();
             if need + reserve > self.pool.n_available() {
-                if self.running.is_empty() && need > self.pool.n_available() {
+                if self.running.is_empty()
+                    && self.loading.is_empty()
+                    && need > self.pool.n_available()
+                {
                     // Cannot fit even alone (the pool was checked at submission, so
                     // this is a resumed request that grew past the pool).
                     let s = self.waiting.remove(0);
@@ -797,6 +850,7 @@ impl EngineCore {
                 .allocate(s.id, &s.tokens[..usable], 0)
                 .expect("a waiting request holds no pages");
             debug_assert_eq!(m.n_cached_tokens % CHUNK_ALIGN, 0);
+            let first_admission = !s.admitted_before;
             if !s.admitted_before {
                 s.admitted_before = true;
                 s.usage.cached_tokens = m.n_cached_tokens;
@@ -804,7 +858,9 @@ impl EngineCore {
                 self.stats.prompt_tokens_total += s.usage.prompt_tokens as u64;
             }
             s.n_computed = m.n_cached_tokens;
-            self.running.push(s);
+            if let Some(s) = self.ssd_begin_load(s, usable, &m, first_admission) {
+                self.running.push(s);
+            }
         }
     }
 
@@ -1048,4 +1104,224 @@ fn log_sum_exp(l: &[f32]) -> f32 {
         .map(|&x| f64::from(x - max).exp())
         .sum();
     max + sum.ln() as f32
+}
+
+/// Opens the SSD tier for `model`'s KV in pages of `ps` tokens; `None` (with a
+/// warning) when its directory cannot be used: the engine then runs RAM-only.
+fn open_ssd(model: &Model, kv: &KvStore, ps: usize, cfg: SsdConfig) -> Option<SsdTier> {
+    let hp = model.hparams();
+    let layout = crate::ssd::KvLayout {
+        n_layer: hp.n_layer,
+        n_embd_k: hp.n_embd_k(),
+        n_embd_v: hp.n_embd_v(),
+        page_tokens: ps,
+        page_bytes: kv.cells_bytes(ps),
+        dtype: "f16",
+        device: format!("{:?}", model.device().kind()),
+    };
+    let gguf = model.gguf();
+    let id = crate::ssd::model_identity(gguf.bytes(), gguf.data_offset() as usize, &layout);
+    let dir = cfg.dir.clone();
+    match SsdTier::open(cfg, id, ps, layout.page_bytes, crate::pages::page_hash) {
+        Ok(t) => {
+            tracing::info!(dir = %t.dir().display(), budget_mib = t.stats().budget_bytes >> 20,
+                "KV SSD tier on");
+            Some(t)
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "KV SSD tier off: cannot use its directory");
+            None
+        }
+    }
+}
+
+/// SSD tier hooks, called from `step`, `admit` and `reap_cancelled`.
+impl EngineCore {
+    /// The SSD tier's directory, when it is on.
+    pub fn ssd_dir(&self) -> Option<&std::path::Path> {
+        self.ssd.as_ref().map(SsdTier::dir)
+    }
+
+    /// Waits until the SSD tier's queued writes are on disk (tests, benchmarks).
+    pub fn flush_ssd(&mut self) {
+        if let Some(ssd) = self.ssd.as_mut() {
+            ssd.flush();
+        }
+    }
+
+    /// Hashes of the SSD pages that continue the RAM match `m` of `tokens` (at most
+    /// up to `(tokens.len() - 1) / page_size` pages in all, like a RAM lookup).
+    fn ssd_continuation(&self, tokens: &[u32], m: &PrefixMatch) -> Vec<u64> {
+        let Some(ssd) = &self.ssd else {
+            return Vec::new();
+        };
+        let ps = self.pool.page_size();
+        let parent = m
+            .pages
+            .last()
+            .map_or(Some(ROOT_HASH), |&p| self.pool.page_hash_of(p));
+        let Some(parent) = parent else {
+            return Vec::new();
+        };
+        let max_pages = (tokens.len().saturating_sub(1) / ps).saturating_sub(m.pages.len());
+        ssd.continue_prefix(parent, 0, &tokens[m.n_cached_tokens..], max_pages)
+    }
+
+    /// After `s` was allocated on its RAM match `m` of `tokens[..usable]`: if the
+    /// prefix continues in the SSD tier, gives `s` RAM pages for it (as many as are
+    /// free beyond a page per running request and one for its first piece), starts
+    /// reading them and parks `s` until they are in. Returns `s` when there is
+    /// nothing to load.
+    fn ssd_begin_load(
+        &mut self,
+        s: Live,
+        usable: usize,
+        m: &PrefixMatch,
+        first_admission: bool,
+    ) -> Option<Live> {
+        if self.ssd.is_none() {
+            return Some(s);
+        }
+        let mut hashes = self.ssd_continuation(&s.tokens[..usable], m);
+        let room = self
+            .pool
+            .n_available()
+            .saturating_sub(self.running.len() + 1);
+        hashes.truncate(room);
+        if hashes.is_empty() {
+            return Some(s);
+        }
+        let ps = self.pool.page_size();
+        self.pool
+            .append_slots(s.id, hashes.len() * ps)
+            .expect("room was checked");
+        let load = self.ssd.as_mut().expect("checked").start_load(&hashes);
+        tracing::debug!(id = s.id, pages = hashes.len(), "prefix read back from SSD");
+        self.loading.push(Loading {
+            live: s,
+            load,
+            first_page: m.pages.len(),
+            hashes,
+            first_admission,
+        });
+        None
+    }
+
+    /// Moves requests whose loads finished to the running set: copies the pages read
+    /// into their RAM pages, and where a page was bad or missing, drops it and the
+    /// rest (they are recomputed). With `block`, waits for at least one load.
+    fn ssd_finish_loads(&mut self, block: bool) {
+        let Some(ssd) = self.ssd.as_mut() else {
+            return;
+        };
+        if !ssd.has_loads() {
+            return;
+        }
+        let results = if block { ssd.wait() } else { ssd.poll() };
+        let ps = self.pool.page_size();
+        for r in results {
+            let Some(i) = self.loading.iter().position(|l| l.load == r.id) else {
+                continue;
+            };
+            let l = self.loading.remove(i);
+            let mut s = l.live;
+            let table = self
+                .pool
+                .page_table(s.id)
+                .expect("loading requests hold pages")
+                .to_vec();
+            let mut n_ok = 0;
+            for (k, data) in r.pages.iter().enumerate() {
+                let Some(data) = data else { break };
+                let cell = table[l.first_page + k] as usize * ps;
+                if let Err(e) = self.kv.write_cells(cell, ps, data) {
+                    tracing::warn!(error = %e, "KV SSD tier: could not restore a page");
+                    break;
+                }
+                n_ok += 1;
+            }
+            for (k, data) in r.pages.iter().enumerate() {
+                if data.is_none() {
+                    ssd.forget(l.hashes[k]);
+                }
+            }
+            s.n_computed += n_ok * ps;
+            if n_ok < l.hashes.len() {
+                self.pool
+                    .truncate(s.id, s.n_computed)
+                    .expect("loading requests hold pages");
+            }
+            self.pool
+                .commit_full_pages(s.id, &s.tokens[..s.n_computed])
+                .expect("cells were appended");
+            ssd.add_hit_tokens(n_ok);
+            if l.first_admission {
+                s.usage.cached_tokens += n_ok * ps;
+            }
+            self.running.push(s);
+        }
+    }
+
+    /// Copies the KV of pages the pool evicted since the last call to the SSD tier
+    /// (before any model step can overwrite them).
+    fn ssd_save_evicted(&mut self) {
+        let Some(ssd) = self.ssd.as_mut() else {
+            return;
+        };
+        let ps = self.pool.page_size();
+        for e in self.pool.take_evicted() {
+            if ssd.contains(e.hash) {
+                continue;
+            }
+            match self.kv.read_cells(e.page as usize * ps, ps) {
+                Ok(data) => ssd.save(&e, data),
+                Err(err) => tracing::warn!(error = %err, "KV SSD tier: could not copy a page out"),
+            }
+        }
+    }
+
+    /// Ends cancelled requests whose prefix is still loading.
+    fn ssd_reap_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.loading.len() {
+            if self.loading[i].live.cancelled() {
+                let l = self.loading.remove(i);
+                if let Some(ssd) = self.ssd.as_mut() {
+                    ssd.cancel_load(l.load);
+                }
+                self.end(l.live, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl Drop for EngineCore {
+    /// With a persistent SSD tier, writes the RAM prefix cache out too, so a restart
+    /// finds every cached prefix (the tier itself then writes its index).
+    fn drop(&mut self) {
+        if self.config.ssd.as_ref().is_some_and(|c| c.persist) {
+            self.ssd_persist_ram_cache();
+        }
+    }
+}
+
+impl EngineCore {
+    /// Copies every registered RAM page not yet in the SSD tier to it, waiting for
+    /// room in the write queue.
+    fn ssd_persist_ram_cache(&mut self) {
+        let Some(ssd) = self.ssd.as_mut() else {
+            return;
+        };
+        let ps = self.pool.page_size();
+        for e in self.pool.registered_pages() {
+            if ssd.contains(e.hash) {
+                continue;
+            }
+            if let Ok(data) = self.kv.read_cells(e.page as usize * ps, ps) {
+                ssd.save_wait(&e, data);
+            }
+        }
+    }
 }

@@ -19,6 +19,9 @@ enum Command {
     Submit(Box<Request>, mpsc::SyncSender<RequestStream>),
     /// Something changed (a cancellation): look at the requests again.
     Wake,
+    /// Stop: end the loop and drop the core (which flushes and, if persistent,
+    /// saves the SSD tier), then acknowledge.
+    Shutdown(mpsc::SyncSender<()>),
 }
 
 /// Starts engines.
@@ -92,6 +95,17 @@ impl EngineHandle {
         Ok(stream)
     }
 
+    /// Stops the engine thread: requests still running end with it; the engine
+    /// core is dropped (the SSD tier flushes its writes and, with persistence,
+    /// saves the RAM prefix cache and its index) before this returns. Call it once
+    /// on shutdown; later submissions fail with [`SubmitError::Stopped`].
+    pub fn shutdown(&self) {
+        let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+        if self.tx.send(Command::Shutdown(ack_tx)).is_ok() {
+            let _ = ack_rx.recv();
+        }
+    }
+
     /// Counters as of the last step.
     pub fn stats(&self) -> EngineStats {
         *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
@@ -117,22 +131,36 @@ fn engine_loop(mut core: EngineCore, rx: Receiver<Command>, shared: Arc<Shared>)
     let publish = |core: &EngineCore| {
         *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = core.stats();
     };
-    let handle = |core: &mut EngineCore, cmd: Command| {
-        if let Command::Submit(req, back) = cmd {
+    // Returns the acknowledgement channel of a shutdown.
+    let handle = |core: &mut EngineCore, cmd: Command| match cmd {
+        Command::Submit(req, back) => {
             // Already counted in `queued` by the handle.
             let _ = back.send(core.enqueue(*req));
+            None
         }
+        Command::Wake => None,
+        Command::Shutdown(ack) => Some(ack),
+    };
+    let stop = |core: EngineCore, ack: mpsc::SyncSender<()>| {
+        drop(core);
+        let _ = ack.send(());
     };
     loop {
         if !core.has_work() {
             publish(&core);
             match rx.recv() {
-                Ok(cmd) => handle(&mut core, cmd),
+                Ok(cmd) => {
+                    if let Some(ack) = handle(&mut core, cmd) {
+                        return stop(core, ack);
+                    }
+                }
                 Err(_) => return,
             }
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(&mut core, cmd);
+            if let Some(ack) = handle(&mut core, cmd) {
+                return stop(core, ack);
+            }
         }
         if let Err(e) = core.step() {
             tracing::error!(error = %e, "engine step failed; its requests were ended");

@@ -11,6 +11,7 @@ pub mod pages;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod ssd;
 mod stop;
 
 pub use crate::core::{
@@ -24,3 +25,4 @@ pub use request::{
 };
 pub use sampler::SamplingParams;
 pub use scheduler::Policy;
+pub use ssd::{SsdConfig, SsdStats};

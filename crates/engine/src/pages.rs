@@ -36,6 +36,11 @@
 //!   only below a duplicated page) stay in use as private pages of their holders.
 //! - Pages are not cleared: a cell's KV is meaningful only once its token was written
 //!   through [`PagePool::append_slots`].
+//! - With [`PagePool::set_eviction_log`] on, every evicted unreferenced page is
+//!   reported by [`PagePool::take_evicted`] with its full cache key, so a second tier
+//!   (the SSD tier, [`crate::ssd`]) can copy its KV out before the page is written
+//!   again (pages are only written by model steps, so copying before the next step
+//!   is in time). The pool itself only tracks RAM pages.
 
 use std::collections::{HashMap, HashSet};
 
@@ -166,6 +171,22 @@ impl PoolStats {
     }
 }
 
+/// A cached page that left the RAM cache, with everything needed to keep its prefix
+/// reachable in another tier (see [`PagePool::take_evicted`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictedPage {
+    /// The RAM page; its cells still hold the KV until the next model step.
+    pub page: PageId,
+    /// The page's chained hash (its name in every tier).
+    pub hash: u64,
+    /// The chained hash of its parent page ([`ROOT_HASH`] for a first page).
+    pub parent_hash: u64,
+    /// Salt the page was registered under.
+    pub salt: u64,
+    /// The page's tokens.
+    pub tokens: Box<[TokenId]>,
+}
+
 /// A registered page's cache key and tree links.
 #[derive(Debug)]
 struct Entry {
@@ -208,6 +229,8 @@ struct Store {
     /// Hash -> first page of its bucket; buckets chain through `Page::hash_next`.
     index: HashMap<u64, PageId>,
     evicted: u64,
+    /// Evicted pages not yet taken, when the log is on.
+    evicted_log: Option<Vec<EvictedPage>>,
 }
 
 impl Store {
@@ -327,17 +350,30 @@ impl Store {
             let i = children.iter().position(|&c| c == root);
             children.swap_remove(i.expect("child is linked"));
         }
-        let mut stack = vec![root];
-        while let Some(p) = stack.pop() {
+        let root_parent_hash = self
+            .entry(root)
+            .parent
+            .map_or(ROOT_HASH, |q| self.entry(q).hash);
+        let mut stack = vec![(root, root_parent_hash)];
+        while let Some((p, parent_hash)) = stack.pop() {
             let entry = self.page_mut(p).entry.take().expect("page is registered");
             self.index_remove(entry.hash, p);
             self.page_mut(p).epoch += 1;
             self.n_registered -= 1;
-            stack.extend(entry.children);
+            stack.extend(entry.children.iter().map(|&c| (c, entry.hash)));
             if self.page(p).refs == 0 {
                 self.lru_remove(p);
                 self.free_push(p);
                 self.evicted += 1;
+                if let Some(log) = self.evicted_log.as_mut() {
+                    log.push(EvictedPage {
+                        page: p,
+                        hash: entry.hash,
+                        parent_hash,
+                        salt: entry.salt,
+                        tokens: entry.tokens,
+                    });
+                }
             }
         }
     }
@@ -508,11 +544,84 @@ impl PagePool {
                 n_registered: 0,
                 index: HashMap::new(),
                 evicted: 0,
+                evicted_log: None,
             },
             seqs: HashMap::new(),
             query_tokens: 0,
             hit_tokens: 0,
         }
+    }
+
+    /// Turns the eviction log on or off (off by default; turning it off clears it).
+    /// While on, every evicted unreferenced page is kept for [`PagePool::take_evicted`].
+    pub fn set_eviction_log(&mut self, on: bool) {
+        self.store.evicted_log = on.then(Vec::new);
+    }
+
+    /// The pages evicted since the last call, oldest first. Their cells keep their KV
+    /// until the pages are written again, which only a model step does: copy them out
+    /// before the next step.
+    pub fn take_evicted(&mut self) -> Vec<EvictedPage> {
+        self.store
+            .evicted_log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Every registered page (in use or cached) with its full cache key, parents
+    /// before children; used to write the RAM cache to a persistent tier on shutdown.
+    pub fn registered_pages(&self) -> Vec<EvictedPage> {
+        let st = &self.store;
+        let mut out = Vec::with_capacity(st.n_registered);
+        let mut stack: Vec<(PageId, u64)> = st
+            .pages
+            .iter()
+            .enumerate()
+            .filter(|(_, pg)| pg.entry.as_ref().is_some_and(|e| e.parent.is_none()))
+            .map(|(p, _)| (p as PageId, ROOT_HASH))
+            .collect();
+        while let Some((p, parent_hash)) = stack.pop() {
+            let e = st.entry(p);
+            out.push(EvictedPage {
+                page: p,
+                hash: e.hash,
+                parent_hash,
+                salt: e.salt,
+                tokens: e.tokens.clone(),
+            });
+            stack.extend(e.children.iter().map(|&c| (c, e.hash)));
+        }
+        out
+    }
+
+    /// The chained hash of the cached page `page` (the name a second tier stores it
+    /// under), or `None` when it is not registered.
+    pub fn page_hash_of(&self, page: PageId) -> Option<u64> {
+        self.store.page(page).entry.as_ref().map(|e| e.hash)
+    }
+
+    /// Shrinks `seq` to its first `n_tokens` tokens, releasing the pages past them
+    /// (used when KV loaded for them turned out unusable). Final pages cannot be
+    /// dropped: `n_tokens` must cover them.
+    ///
+    /// # Panics
+    /// If `n_tokens` is beyond the sequence's tokens or inside its final pages.
+    pub fn truncate(&mut self, seq: SeqId, n_tokens: usize) -> Result<(), PageError> {
+        let ps = self.store.page_size;
+        let s = self.seqs.get_mut(&seq).ok_or(PageError::UnknownSeq(seq))?;
+        assert!(
+            n_tokens <= s.n_tokens && n_tokens >= s.n_final * ps,
+            "truncate to {n_tokens} of {} tokens with {} final pages",
+            s.n_tokens,
+            s.n_final
+        );
+        let keep = n_tokens.div_ceil(ps);
+        for p in s.pages.drain(keep..).rev() {
+            self.store.release(p);
+        }
+        s.n_tokens = n_tokens;
+        Ok(())
     }
 
     /// Tokens per page.
@@ -1301,6 +1410,58 @@ mod tests {
         assert_eq!(pool.n_tokens(2), Some(2), "failed append changed nothing");
         assert!(pool.can_append(2, 2));
         pool.append_slots(2, 2).unwrap();
+        ok(&pool);
+    }
+
+    #[test]
+    fn eviction_log_reports_evicted_pages_with_their_keys() {
+        let mut pool = PagePool::new(3, 2);
+        prefill(&mut pool, 1, &[1, 2, 3, 4, 5], 0);
+        assert!(pool.take_evicted().is_empty(), "off by default");
+        pool.free(1).unwrap();
+        pool.set_eviction_log(true);
+        let registered = pool.registered_pages();
+        assert_eq!(registered.len(), 2);
+        assert_eq!(registered[0].parent_hash, ROOT_HASH);
+        assert_eq!(registered[1].parent_hash, registered[0].hash);
+        // Two evictions: the tail page first, then the head.
+        pool.allocate(2, &[], 0).unwrap();
+        pool.append_slots(2, 6).unwrap();
+        let ev = pool.take_evicted();
+        assert_eq!(ev.len(), 2);
+        let tail = &ev[0];
+        assert_eq!(*tail.tokens, [3, 4]);
+        assert_eq!(tail.hash, page_hash(ev[1].hash, 0, &[3, 4]));
+        assert_eq!(tail.parent_hash, ev[1].hash);
+        assert_eq!(ev[1].parent_hash, ROOT_HASH);
+        assert_eq!(ev[1].hash, registered[0].hash);
+        assert!(pool.take_evicted().is_empty());
+        ok(&pool);
+    }
+
+    #[test]
+    fn truncate_releases_pages_past_the_new_end() {
+        let mut pool = PagePool::new(8, 2);
+        prefill(&mut pool, 1, &[1, 2, 3], 0);
+        pool.free(1).unwrap();
+        let m = pool.allocate(2, &[1, 2, 3, 4, 5, 6, 7], 0).unwrap();
+        assert_eq!(m.n_cached_tokens, 2);
+        pool.append_slots(2, 4).unwrap();
+        assert_eq!(pool.page_table(2).unwrap().len(), 3);
+        pool.truncate(2, 3).unwrap();
+        assert_eq!(pool.n_tokens(2), Some(3));
+        assert_eq!(pool.page_table(2).unwrap().len(), 2);
+        ok(&pool);
+        pool.truncate(2, 2).unwrap();
+        assert_eq!(pool.page_table(2).unwrap().len(), 1);
+        ok(&pool);
+        pool.append_slots(2, 5).unwrap();
+        pool.commit_full_pages(2, &[1, 2, 3, 4, 5, 6, 7]).unwrap();
+        assert_eq!(
+            pool.lookup_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 0)
+                .n_cached_tokens,
+            6
+        );
         ok(&pool);
     }
 

@@ -538,6 +538,17 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
+    /// Copies `out.len()` bytes of the tensor's memory from byte `offset` into `out`
+    /// (any backend).
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), GgmlError> {
+        self.check_io(offset, out.len())?;
+        // SAFETY: allocated tensor; range checked; out is writable for its length.
+        unsafe {
+            sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), offset, out.len())
+        };
+        Ok(())
+    }
+
     /// Copies a slice of plain values (i32, i64, f32, u16 f16 bits) into the tensor from its start.
     pub fn write<T: Pod>(&self, data: &[T]) -> Result<(), GgmlError> {
         // SAFETY: T is a plain-old-data type (sealed trait), so its bytes are initialised.

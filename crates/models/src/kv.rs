@@ -101,6 +101,53 @@ impl KvStore {
         self.store.buffers().iter().map(|b| b.size()).sum()
     }
 
+    /// Bytes that [`KvStore::read_cells`] returns for `n` cells: every layer's K and V
+    /// rows of those cells.
+    pub fn cells_bytes(&self, n: usize) -> usize {
+        (0..self.n_layer)
+            .map(|il| (self.k(il).nb()[1] + self.v(il).nb()[1]) * n)
+            .sum()
+    }
+
+    /// Copies the K and V rows of cells `start..start + n` of every layer out, layer by
+    /// layer (K then V): [`KvStore::cells_bytes`]`(n)` bytes. Cells of one page are
+    /// contiguous in every pool, so this is `2 * n_layer` plain copies.
+    pub fn read_cells(&self, start: usize, n: usize) -> Result<Vec<u8>, ModelError> {
+        assert!(start + n <= self.n_cells, "cells {start}+{n} out of range");
+        let mut out = vec![0u8; self.cells_bytes(n)];
+        let mut at = 0;
+        for il in 0..self.n_layer {
+            for t in [self.k(il), self.v(il)] {
+                let row = t.nb()[1];
+                t.read_bytes(start * row, &mut out[at..at + n * row])?;
+                at += n * row;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes back what [`KvStore::read_cells`] returned for `n` cells into cells
+    /// `start..start + n`.
+    pub fn write_cells(&self, start: usize, n: usize, data: &[u8]) -> Result<(), ModelError> {
+        assert!(start + n <= self.n_cells, "cells {start}+{n} out of range");
+        if data.len() != self.cells_bytes(n) {
+            return Err(ModelError::BadHParams(format!(
+                "KV data of {} bytes for {n} cells, expected {}",
+                data.len(),
+                self.cells_bytes(n)
+            )));
+        }
+        let mut at = 0;
+        for il in 0..self.n_layer {
+            for t in [self.k(il), self.v(il)] {
+                let row = t.nb()[1];
+                t.write_bytes(start * row, &data[at..at + n * row])?;
+                at += n * row;
+            }
+        }
+        Ok(())
+    }
+
     /// K pool of layer `il`: `[n_embd_k, n_cells]`.
     pub fn k(&self, il: usize) -> Tensor<'_> {
         assert!(il < self.n_layer);

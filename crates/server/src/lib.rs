@@ -533,8 +533,107 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         "Cached KV pages evicted.",
         s.evicted_pages,
     );
+    kv_tier_metrics(&mut out, &s);
     st.metrics.render(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// Pages and bytes in each KV tier, hits per tier, SSD read/write volume and time
+/// (throughput = rate of bytes / rate of seconds), SSD errors.
+fn kv_tier_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
+    use crate::metrics::{counter, counter_f64, gauge};
+    let x = &s.ssd;
+    let ram_pages = s.kv_pages_used + s.kv_pages_cached;
+    gauge(
+        out,
+        "tempo9_kv_ram_bytes",
+        "Bytes of KV pages in RAM holding tokens (used + cached).",
+        (ram_pages * s.page_bytes) as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_ssd_pages",
+        "KV pages in the SSD tier (on disk or queued for writing).",
+        x.pages as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_ssd_bytes",
+        "Bytes of KV page files in the SSD tier.",
+        x.bytes as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_ssd_budget_bytes",
+        "Disk budget of the SSD tier.",
+        x.budget_bytes as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_ssd_pending_pages",
+        "KV pages queued for writing to the SSD tier.",
+        x.pending_pages as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_loading_requests",
+        "Requests waiting for their cached prefix to be read from the SSD tier.",
+        s.loading as f64,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_hit_tokens_total",
+        "Prompt tokens served from the SSD tier (RAM hits: tempo9_prefix_hit_tokens_total).",
+        x.hit_tokens,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_read_bytes_total",
+        "Bytes read from the SSD tier.",
+        x.read_bytes,
+    );
+    counter_f64(
+        out,
+        "tempo9_kv_ssd_read_seconds_total",
+        "Seconds spent reading the SSD tier.",
+        x.read_secs,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_write_bytes_total",
+        "Bytes written to the SSD tier.",
+        x.write_bytes,
+    );
+    counter_f64(
+        out,
+        "tempo9_kv_ssd_write_seconds_total",
+        "Seconds spent writing the SSD tier.",
+        x.write_secs,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_read_errors_total",
+        "SSD pages unusable on read (missing, corrupt, foreign); recomputed.",
+        x.read_errors,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_write_errors_total",
+        "SSD page writes that failed (disk full, I/O error); recomputed when needed.",
+        x.write_errors,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_writes_dropped_total",
+        "Evicted pages not written (write queue full or budget below one page).",
+        x.writes_dropped,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_evicted_pages_total",
+        "SSD pages removed to stay within the disk budget.",
+        x.evicted_pages,
+    );
 }
 
 async fn not_found(req: Request) -> Response {

@@ -268,6 +268,14 @@ pub fn counter(out: &mut String, name: &str, help: &str, v: u64) {
     );
 }
 
+/// Writes one counter with a fractional value (e.g. seconds).
+pub fn counter_f64(out: &mut String, name: &str, help: &str, v: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+    );
+}
+
 /// Writes one gauge.
 pub fn gauge(out: &mut String, name: &str, help: &str, v: f64) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
