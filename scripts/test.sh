@@ -12,5 +12,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tempo9/target}"
 cargo test --release --workspace "$@"
 cargo build --release -p tempo9
 # Idempotent: pip skips what is already installed.
-python3 -m pip install -q --disable-pip-version-check openai anthropic ollama pytest httpx
+python3 -m pip install -q --disable-pip-version-check openai anthropic ollama pytest httpx jsonschema
 TEMPO9_BIN="$CARGO_TARGET_DIR/release/tempo9" python3 -m pytest -q tests/e2e

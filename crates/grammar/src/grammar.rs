@@ -192,9 +192,11 @@ pub(crate) fn check_meta_schema(schema: &Value) -> Result<(), GrammarError> {
         let at = if path.is_empty() { "/".into() } else { path };
         return Err(GrammarError::InvalidSchema(format!("at {at}: {e}")));
     }
-    jsonschema::validator_for(schema)
-        .map(|_| ())
-        .map_err(|e| GrammarError::InvalidSchema(e.to_string()))
+    jsonschema::validator_for(schema).map(|_| ()).map_err(|e| {
+        let path = e.instance_path.to_string();
+        let at = if path.is_empty() { "/".into() } else { path };
+        GrammarError::InvalidSchema(format!("at {at}: {e}"))
+    })
 }
 
 /// Adds Tempo9's defaults to the schema's top-level `x-guidance` options

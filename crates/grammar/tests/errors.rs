@@ -27,6 +27,10 @@ fn invalid_schemas_name_the_problem() {
             vec!["/properties/n/minItems", "-1"],
         ),
         (json!({"type": "string", "pattern": "[a-"}), vec!["[a-"]),
+        (
+            json!({"type": "object", "properties": {"x": {"type": "string", "pattern": "(unclosed"}}}),
+            vec!["/properties/x", "(unclosed", "regex"],
+        ),
         (json!({"$ref": "#/$defs/missing"}), vec!["/$defs/missing"]),
         (
             json!({"type": "object", "required": "name"}),

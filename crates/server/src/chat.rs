@@ -11,7 +11,7 @@ use tempo9_engine::{
 };
 
 use crate::error::{ApiError, ErrorKind, Family};
-use crate::tools::{Piece, ToolCall, ToolParser};
+use crate::tools::{Piece, ToolCall, ToolFormat, ToolParser};
 use crate::AppState;
 
 /// What the client asked about tool use.
@@ -76,8 +76,120 @@ pub struct Prepared {
     pub params: GenParams,
     /// The most tokens that will be generated.
     pub max_tokens: usize,
-    /// The compiled grammar, when one was asked for.
+    /// The compiled grammar, when one was asked for (or built for tool calls).
     pub constraint: Option<tempo9_grammar::Constraint>,
+    /// The tool-call syntax of this response (the model's, or Hermes when the
+    /// model has none and a call is forced).
+    pub format: ToolFormat,
+}
+
+/// A rendered, tokenized prompt.
+struct Rendered {
+    tokens: Vec<u32>,
+    forced_prefix: Option<String>,
+    parse_calls: bool,
+    tools: Vec<Value>,
+    format: ToolFormat,
+    choice: ToolChoice,
+}
+
+/// The system-prompt text that teaches Hermes-style tool calls to a model whose
+/// chat template has no tool syntax (Qwen2.5's wording).
+fn hermes_tool_prompt(tools: &[Value]) -> String {
+    let mut s = String::from(
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+         You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    );
+    for t in tools {
+        s.push('\n');
+        s.push_str(&t.to_string());
+    }
+    s.push_str(
+        "\n</tools>\n\nFor each function call, return a json object with function name and \
+         arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n\
+         {\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+    );
+    s
+}
+
+/// Adds `text` to the system message (creating one first when there is none).
+fn add_to_system(messages: &mut Vec<Value>, text: &str) {
+    if let Some(m) = messages.first_mut() {
+        if matches!(m["role"].as_str(), Some("system" | "developer")) {
+            match &mut m["content"] {
+                Value::String(s) => {
+                    s.push_str("\n\n");
+                    s.push_str(text);
+                    return;
+                }
+                Value::Array(parts) => {
+                    parts.push(json!({"type": "text", "text": format!("\n\n{text}")}));
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+    messages.insert(0, json!({"role": "system", "content": text}));
+}
+
+/// The grammar crate's description of a tool-call syntax, where it has one.
+fn grammar_format(f: ToolFormat) -> Option<tempo9_grammar::ToolCallFormat> {
+    match f {
+        ToolFormat::Hermes => Some(tempo9_grammar::ToolCallFormat::hermes()),
+        ToolFormat::Llama3 => Some(tempo9_grammar::ToolCallFormat::llama3_json()),
+        ToolFormat::Mistral => Some(tempo9_grammar::ToolCallFormat::mistral()),
+        // Formats whose calls are not one JSON object each have no grammar yet.
+        _ => None,
+    }
+}
+
+/// The grammar over tool calls for this request: with `required` / a named
+/// tool, the output is exactly the call(s) (one unless `parallel`); with
+/// `auto`, free text until the model opens a call, then well-formed calls. The
+/// name comes from the offered tools and the arguments follow that tool's
+/// `parameters` schema (strictly when `function.strict` is true). `None` when
+/// the syntax has no grammar (or, in auto mode, no opening markup to wait for).
+pub fn tool_call_grammar(
+    tok: &tempo9_tokenizer::Tokenizer,
+    format: ToolFormat,
+    tools: &[Value],
+    choice: &ToolChoice,
+    parallel: bool,
+) -> Result<Option<tempo9_grammar::Grammar>, tempo9_grammar::GrammarError> {
+    use tempo9_grammar::ToolChoice as G;
+    let Some(gformat) = grammar_format(format) else {
+        return Ok(None);
+    };
+    let gchoice = match choice {
+        ToolChoice::None => return Ok(None),
+        ToolChoice::Auto if gformat.begin.is_empty() && gformat.open.is_empty() => return Ok(None),
+        ToolChoice::Auto => G::Auto,
+        ToolChoice::Required => G::Required,
+        ToolChoice::Named(n) => G::Named(n.clone()),
+    };
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let specs = tools
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            tempo9_grammar::ToolSpec {
+                name: f["name"].as_str().unwrap_or_default().to_string(),
+                parameters: f.get("parameters").filter(|p| !p.is_null()).cloned(),
+                strict: f["strict"].as_bool().unwrap_or(false),
+            }
+        })
+        .collect();
+    tempo9_grammar::ToolCallGrammar {
+        format: gformat,
+        tools: specs,
+        choice: gchoice,
+        parallel,
+    }
+    .build(tok)
+    .map(Some)
 }
 
 /// Lines clients put in system prompts that change on every request (billing
@@ -130,15 +242,34 @@ fn clean_system(messages: &mut Vec<Value>, prefixes: &[String]) {
 }
 
 impl AppState {
-    /// Renders and tokenizes a prompt and fixes the output budget. CPU-bound:
-    /// call it off the async runtime.
+    /// Renders and tokenizes a prompt and fixes the output budget; parallel
+    /// tool calls allowed. CPU-bound: call it off the async runtime.
     pub fn prepare(
         &self,
         family: Family,
         prompt: Prompt,
         params: GenParams,
     ) -> Result<Prepared, ApiError> {
-        let (tokens, forced_prefix, parse_calls, tools) = self.tokenize(family, prompt)?;
+        self.prepare_tools(family, prompt, params, true)
+    }
+
+    /// [`Self::prepare`], with `parallel_tool_calls`: whether the tool-call
+    /// grammar allows more than one call.
+    pub fn prepare_tools(
+        &self,
+        family: Family,
+        prompt: Prompt,
+        mut params: GenParams,
+        parallel_tool_calls: bool,
+    ) -> Result<Prepared, ApiError> {
+        let Rendered {
+            tokens,
+            forced_prefix,
+            parse_calls,
+            tools,
+            format,
+            choice,
+        } = self.render(family, prompt)?;
         if tokens.is_empty() {
             return Err(ApiError::bad(family, "the prompt is empty"));
         }
@@ -163,17 +294,50 @@ impl AppState {
                 "max_tokens must be at least 1",
             ));
         }
+        // Tool calls: a forced call always follows its grammar; in auto mode the
+        // grammar engages once the model opens a call, unless the client asked
+        // for a response format (which then constrains the whole output).
+        let forced = matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
+        let mut tool_grammar = false;
+        if parse_calls && (forced || params.grammar.is_none()) {
+            let g = tool_call_grammar(
+                self.engine.tokenizer(),
+                format,
+                &tools,
+                &choice,
+                // A named function is called once: small models otherwise repeat it.
+                parallel_tool_calls && !matches!(choice, ToolChoice::Named(_)),
+            )
+            .map_err(|e| ApiError::bad_param(family, "tools", e.to_string()))?;
+            if g.is_some() {
+                params.grammar = g;
+                tool_grammar = true;
+            }
+        }
         let constraint = match &params.grammar {
             None => None,
             Some(g) => {
                 let compiler =
                     tempo9_grammar::GrammarCompiler::for_tokenizer(self.engine.tokenizer())
                         .map_err(|e| ApiError::new(family, ErrorKind::Internal, e.to_string()))?;
-                Some(
-                    compiler
-                        .compile(g)
-                        .map_err(|e| ApiError::bad(family, e.to_string()))?,
-                )
+                let mut c = compiler.compile(g).map_err(|e| {
+                    let param = if tool_grammar {
+                        "tools"
+                    } else {
+                        "response_format"
+                    };
+                    ApiError::bad_param(family, param, e.to_string())
+                })?;
+                if let (true, Some(prefix)) = (tool_grammar, &forced_prefix) {
+                    c.advance_text(prefix).map_err(|e| {
+                        ApiError::new(
+                            family,
+                            ErrorKind::Internal,
+                            format!("forced tool-call prefix does not fit the grammar: {e}"),
+                        )
+                    })?;
+                }
+                Some(c)
             }
         };
         Ok(Prepared {
@@ -184,6 +348,7 @@ impl AppState {
             params,
             max_tokens,
             constraint,
+            format,
         })
     }
 
@@ -195,7 +360,20 @@ impl AppState {
         family: Family,
         prompt: Prompt,
     ) -> Result<(Vec<u32>, Option<String>, bool, Vec<Value>), ApiError> {
+        let r = self.render(family, prompt)?;
+        Ok((r.tokens, r.forced_prefix, r.parse_calls, r.tools))
+    }
+
+    fn render(&self, family: Family, prompt: Prompt) -> Result<Rendered, ApiError> {
         let tok = self.engine.tokenizer();
+        let plain = |tokens| Rendered {
+            tokens,
+            forced_prefix: None,
+            parse_calls: false,
+            tools: Vec::new(),
+            format: self.tool_format,
+            choice: ToolChoice::None,
+        };
         Ok(match prompt {
             Prompt::Chat {
                 mut messages,
@@ -230,13 +408,21 @@ impl AppState {
                         "tool_choice 'required' needs at least one tool",
                     ));
                 }
+                // A model without tool-call syntax still gets a forced call: in
+                // Hermes style, taught in the system prompt.
+                let mut format = self.tool_format;
+                let forcing = matches!(tool_choice, ToolChoice::Required | ToolChoice::Named(_));
+                if show_tools && forcing && format == ToolFormat::None {
+                    format = ToolFormat::Hermes;
+                    add_to_system(&mut messages, &hermes_tool_prompt(&tools));
+                }
                 let mut text = self
                     .template
                     .render(&messages, show_tools.then_some(&tools[..]), true)
                     .map_err(|e| ApiError::bad(family, e.to_string()))?;
                 let forced = match (&tool_choice, show_tools) {
-                    (ToolChoice::Required, true) => self.tool_format.forced_prefix(None),
-                    (ToolChoice::Named(n), true) => self.tool_format.forced_prefix(Some(n)),
+                    (ToolChoice::Required, true) => format.forced_prefix(None),
+                    (ToolChoice::Named(n), true) => format.forced_prefix(Some(n)),
                     _ => None,
                 };
                 if let Some(f) = &forced {
@@ -244,9 +430,16 @@ impl AppState {
                 }
                 tracing::debug!(prompt = %text, "rendered chat prompt");
                 let ids = tok.encode(&text, true, true);
-                (ids, forced, show_tools, tools)
+                Rendered {
+                    tokens: ids,
+                    forced_prefix: forced,
+                    parse_calls: show_tools,
+                    tools,
+                    format,
+                    choice: tool_choice,
+                }
             }
-            Prompt::Text(t) => (tok.encode(&t, true, true), None, false, Vec::new()),
+            Prompt::Text(t) => plain(tok.encode(&t, true, true)),
             Prompt::Tokens(ids) => {
                 let n = tok.vocab_size();
                 if let Some(t) = ids.iter().find(|&&t| t as usize >= n) {
@@ -256,7 +449,7 @@ impl AppState {
                         format!("token id {t} is outside the vocabulary ({n} tokens)"),
                     ));
                 }
-                (ids, None, false, Vec::new())
+                plain(ids)
             }
         })
     }
@@ -286,7 +479,7 @@ impl AppState {
             .await
             .map_err(|e| ApiError::new(family, ErrorKind::Internal, e.to_string()))?
             .map_err(|e| submit_error(family, e))?;
-        let mut parser = self.tool_format.parser(&p.tools, p.parse_calls);
+        let mut parser = p.format.parser(&p.tools, p.parse_calls);
         let mut pending = Vec::new();
         if let Some(prefix) = &p.forced_prefix {
             parser.push(prefix, &mut pending);
@@ -302,6 +495,7 @@ impl AppState {
             calls: 0,
             done: false,
             want_logprobs: p.params.logprobs,
+            format: p.format,
         })
     }
 }
@@ -332,6 +526,9 @@ pub enum Stop {
     Cancelled,
     /// The engine failed.
     Error(String),
+    /// The grammar (response format, tool calls) allowed no further token: the
+    /// output is cut where it dead-ended (the reason says why).
+    GrammarDeadEnd(String),
 }
 
 /// One token's log-probability data.
@@ -397,6 +594,7 @@ pub struct Generation {
     calls: usize,
     done: bool,
     want_logprobs: bool,
+    format: ToolFormat,
 }
 
 impl Generation {
@@ -444,9 +642,7 @@ impl Generation {
                     // Special tokens are detokenized without text; markup tokens
                     // of this model's tool format are needed by the parser.
                     if let Some(piece) = tok.token_text(t.id) {
-                        if self.state.tool_format.markup_tokens().contains(&piece)
-                            && !tok.is_eog(t.id)
-                        {
+                        if self.format.markup_tokens().contains(&piece) && !tok.is_eog(t.id) {
                             text = piece.to_string();
                         }
                     }
@@ -487,9 +683,11 @@ impl Generation {
                     FinishReason::StopString(s) => Stop::StopString(s),
                     FinishReason::Cancelled => Stop::Cancelled,
                     FinishReason::Error(e) => Stop::Error(e),
-                    FinishReason::StopToken(_)
-                    | FinishReason::ConstraintDone
-                    | FinishReason::ConstraintDeadEnd(_) => Stop::EndTurn,
+                    FinishReason::StopToken(_) | FinishReason::ConstraintDone => Stop::EndTurn,
+                    FinishReason::ConstraintDeadEnd(e) => {
+                        tracing::warn!(reason = %e, "grammar dead end");
+                        Stop::GrammarDeadEnd(e)
+                    }
                 };
                 // Calls end the turn unless the budget cut the output.
                 let stop = match stop {
@@ -502,6 +700,7 @@ impl Generation {
                     Stop::Length => "length",
                     Stop::Cancelled => "cancelled",
                     Stop::Error(_) => "error",
+                    Stop::GrammarDeadEnd(_) => "grammar_dead_end",
                 };
                 self.state.metrics.finished(
                     reason,
@@ -602,6 +801,32 @@ pub fn unix_time() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_prompt_goes_into_the_system_message() {
+        let tools = vec![json!({"type": "function", "function": {"name": "f"}})];
+        let p = hermes_tool_prompt(&tools);
+        assert!(
+            p.contains("<tools>\n{") && p.contains("\"name\":\"f\"}") && p.contains("}\n</tools>")
+        );
+        let mut msgs = vec![json!({"role": "user", "content": "hi"})];
+        add_to_system(&mut msgs, "T");
+        assert_eq!(msgs[0], json!({"role": "system", "content": "T"}));
+        add_to_system(&mut msgs, "U");
+        assert_eq!(msgs[0]["content"], "T\n\nU");
+        let mut msgs = vec![json!({"role": "system", "content": [{"type": "text", "text": "S"}]})];
+        add_to_system(&mut msgs, "T");
+        assert_eq!(msgs[0]["content"][1]["text"], "\n\nT");
+    }
+
+    #[test]
+    fn formats_with_grammars() {
+        assert!(grammar_format(ToolFormat::Hermes).is_some());
+        assert!(grammar_format(ToolFormat::Mistral).is_some());
+        assert!(grammar_format(ToolFormat::Llama3).is_some());
+        assert!(grammar_format(ToolFormat::Harmony).is_none());
+        assert!(grammar_format(ToolFormat::None).is_none());
+    }
 
     #[test]
     fn volatile_lines_are_removed() {

@@ -275,6 +275,8 @@ pub fn finish_reason(s: &Stop) -> &'static str {
     match s {
         Stop::ToolCalls => "tool_calls",
         Stop::Length => "length",
+        // Not one of OpenAI's values: the grammar left no way to continue.
+        Stop::GrammarDeadEnd(_) => "grammar_dead_end",
         _ => "stop",
     }
 }
@@ -336,9 +338,10 @@ pub async fn chat_completions(
         tool_choice: choice,
     };
     let st2 = st.clone();
-    let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
-        .await
-        .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let prepared =
+        tokio::task::spawn_blocking(move || st2.prepare_tools(F, prompt, params, parallel))
+            .await
+            .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
     let mut gen = st.start(F, prepared, received).await?;
     let id = format!("chatcmpl-{}", random_id(29));
     let created = unix_time();

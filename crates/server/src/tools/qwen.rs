@@ -2,8 +2,10 @@
 //! Qwen3) and the XML form of Qwen3-Coder / Qwen3.5
 //! (`<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`).
 //! One parser handles both bodies, since fine-tunes mix them. Small models also
-//! answer with a bare `{"name":…,"arguments":…}` object and no tags; at the very
-//! start of the output that is taken as a call too.
+//! answer with a bare `{"name":…,"arguments":…}` object and no tags, or with
+//! that object in a Markdown code block (`` ```json ``); at the start of the
+//! output (or right after another call) that is taken as a call too when it
+//! names one of the offered tools.
 
 use serde_json::{Map, Value};
 
@@ -23,6 +25,8 @@ enum State {
     Call,
     /// A bare JSON object at the start of the output.
     BareJson,
+    /// A Markdown code block at the start of the output that may hold a call.
+    Fenced,
     /// Just after a call: a stray `</tool_call>` (after a bare `<function=`) is dropped.
     AfterCall,
 }
@@ -80,6 +84,20 @@ impl QwenParser {
         push_text(out, &std::mem::take(&mut self.pending_ws));
         push_text(out, trimmed);
         self.pending_ws.push_str(&text[trimmed.len()..]);
+    }
+
+    /// Whether an untagged call names one of the offered tools (any name when
+    /// the request offered none).
+    fn known(&self, call: &ToolCall) -> bool {
+        self.schemas.is_empty() || self.schemas.iter().any(|(n, _)| *n == call.name)
+    }
+
+    /// A bare JSON call (untagged): it must name an offered tool.
+    fn bare_call(&self, json: &str) -> Option<ToolCall> {
+        serde_json::from_str::<Value>(json)
+            .ok()
+            .and_then(|v| call_from_json(&v))
+            .filter(|c| self.known(c))
     }
 
     fn emit_call(&mut self, call: ToolCall, out: &mut Vec<Piece>) {
@@ -176,6 +194,46 @@ impl QwenParser {
     }
 }
 
+const FENCE: &str = "```";
+
+/// Where the JSON object inside a Markdown code block starting `s` begins:
+/// `` ```json\n{ `` or `` ```\n{ `` → `Some(Some(offset of '{'))`; not such a
+/// block → `Some(None)`; too short to tell → `None`.
+fn fence_body(s: &str) -> Option<Option<usize>> {
+    if !s.starts_with(FENCE) {
+        return if FENCE.starts_with(s) {
+            None
+        } else {
+            Some(None)
+        };
+    }
+    let rest = &s[FENCE.len()..];
+    let lang_len = rest
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(rest.len());
+    let lang = &rest[..lang_len];
+    if lang_len == rest.len() {
+        // Still inside the language tag.
+        return if "json".starts_with(&lang.to_ascii_lowercase()) {
+            None
+        } else {
+            Some(None)
+        };
+    }
+    if !(lang.is_empty() || lang.eq_ignore_ascii_case("json")) {
+        return Some(None);
+    }
+    let after = &rest[lang_len..];
+    let body = after.trim_start();
+    if body.is_empty() {
+        return None;
+    }
+    if !body.starts_with('{') {
+        return Some(None);
+    }
+    Some(Some(FENCE.len() + lang_len + (after.len() - body.len())))
+}
+
 /// A parameter value: strings stay raw; other schema types (or no schema) are
 /// parsed as JSON when they can be.
 fn xml_value(raw: &str, ty: Option<&str>) -> Value {
@@ -200,6 +258,12 @@ impl ToolParser for QwenParser {
                     }
                     self.state = if t.starts_with('{') {
                         State::BareJson
+                    } else if t.starts_with(FENCE) || FENCE.starts_with(t) {
+                        match fence_body(t) {
+                            None => return,
+                            Some(Some(_)) => State::Fenced,
+                            Some(None) => State::Text,
+                        }
                     } else {
                         State::Text
                     };
@@ -208,14 +272,38 @@ impl ToolParser for QwenParser {
                         self.buf = self.buf.trim_start().to_string();
                     }
                 }
+                State::Fenced => {
+                    let lead = self.buf.len() - self.buf.trim_start().len();
+                    let Some(Some(body)) = fence_body(&self.buf[lead..]) else {
+                        self.state = State::Text;
+                        continue;
+                    };
+                    let start = lead + body;
+                    let Some(end) = json_end(&self.buf[start..]) else {
+                        return;
+                    };
+                    let end = start + end;
+                    // The closing fence (tolerated when missing at the end).
+                    let rest = self.buf[end..].trim_start();
+                    if rest.len() < FENCE.len() && FENCE.starts_with(rest) {
+                        return;
+                    }
+                    match self.bare_call(&self.buf[start..end]) {
+                        Some(c) => {
+                            let rest = rest.strip_prefix(FENCE).unwrap_or(rest).to_string();
+                            self.buf = rest;
+                            self.emit_call(c, out);
+                            self.state = State::Start;
+                        }
+                        None => self.state = State::Text,
+                    }
+                }
                 State::BareJson => {
                     let Some(end) = json_end(&self.buf) else {
                         return;
                     };
                     let obj = self.buf[..end].to_string();
-                    let call = serde_json::from_str::<Value>(&obj)
-                        .ok()
-                        .and_then(|v| call_from_json(&v));
+                    let call = self.bare_call(&obj);
                     match call {
                         Some(c) => {
                             self.buf.drain(..end);
@@ -287,10 +375,26 @@ impl ToolParser for QwenParser {
                 push_text(out, &std::mem::take(&mut self.pending_ws));
                 push_text(out, &buf);
             }
+            State::Fenced => {
+                let lead = buf.len() - buf.trim_start().len();
+                let call = match fence_body(&buf[lead..]) {
+                    Some(Some(b)) => {
+                        let body = buf[lead + b..].trim_end();
+                        let body = body.strip_suffix(FENCE).unwrap_or(body);
+                        self.bare_call(body)
+                    }
+                    _ => None,
+                };
+                match call {
+                    Some(c) => self.emit_call(c, out),
+                    None => {
+                        push_text(out, &std::mem::take(&mut self.pending_ws));
+                        push_text(out, &buf);
+                    }
+                }
+            }
             State::BareJson => {
-                let call = serde_json::from_str::<Value>(&buf)
-                    .ok()
-                    .and_then(|v| call_from_json(&v));
+                let call = self.bare_call(&buf);
                 match call {
                     Some(c) => self.emit_call(c, out),
                     None => {
@@ -370,6 +474,40 @@ mod tests {
         // JSON that is not a call stays text.
         let t = "{\"answer\": 42} is the result";
         assert_eq!(run(t), vec![text(t)]);
+    }
+
+    #[test]
+    fn untagged_calls_must_name_an_offered_tool() {
+        let t = "{\"name\": \"Joke about Rome\", \"arguments\": {\"message\": \"hi\"}}";
+        assert_eq!(run(t), vec![text(t)]);
+        let t = "```json\n{\"name\": \"tell_joke\", \"arguments\": {}}\n```";
+        assert_eq!(run(t), vec![text(t)]);
+    }
+
+    #[test]
+    fn fenced_json_calls() {
+        let out = run("```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Paris\"}\n}\n```");
+        assert_eq!(out, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
+        let out = run("```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}\n```\n\n```\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"B\"}}\n```\n");
+        assert_eq!(
+            out,
+            vec![
+                call("get_weather", r#"{"city":"A"}"#),
+                call("get_weather", r#"{"city":"B"}"#)
+            ]
+        );
+        // Unterminated block: still a call.
+        let out = run("```json\n{\"name\": \"get_weather\", \"arguments\": {}}");
+        assert_eq!(out, vec![call("get_weather", "{}")]);
+        // Code blocks that are not calls stay text.
+        for t in [
+            "```python\nprint(1)\n```",
+            "```json\n[1, 2]\n```",
+            "```json\n{\"a\": 1}\n``` done",
+            "``not a fence",
+        ] {
+            assert_eq!(run(t), vec![text(t)], "{t:?}");
+        }
     }
 
     #[test]
