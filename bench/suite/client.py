@@ -24,7 +24,11 @@ import time
 import urllib.parse
 
 
-def chat(base, messages, max_tokens=16, temperature=0.0, extra=None, timeout=900):
+def chat(base, messages, max_tokens=16, temperature=0.0, extra=None, timeout=900, stop_event=None,
+         delta_times=None):
+    """`stop_event` (a threading.Event) closes the stream early once set (the client
+    leaves, the server cancels); `delta_times`, a list, receives the perf_counter
+    time of every content delta."""
     u = urllib.parse.urlparse(base)
     body = {"messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": temperature,
             "stream_options": {"include_usage": True}}
@@ -47,6 +51,8 @@ def chat(base, messages, max_tokens=16, temperature=0.0, extra=None, timeout=900
             return res
         text = []
         while True:
+            if stop_event is not None and stop_event.is_set():
+                break
             line = resp.readline()
             if not line:
                 break
@@ -77,6 +83,8 @@ def chat(base, messages, max_tokens=16, temperature=0.0, extra=None, timeout=900
                         t_first = now
                     t_last = now
                     res["n_deltas"] += 1
+                    if delta_times is not None:
+                        delta_times.append(now)
                     text.append(piece)
                 if ch.get("finish_reason"):
                     res["finish_reason"] = ch["finish_reason"]

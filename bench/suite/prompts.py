@@ -408,3 +408,8 @@ PREFIX_QUESTIONS = [
     "What is the workspace root? Answer with the path only.",
     "Which tool edits an existing file? Answer with its name only.",
 ]
+
+
+INTERFERENCE_USER = ("Write a long, complete Python module implementing an in-memory key-value store with "
+                     "expiry, snapshots and a command-line interface. Include docstrings and tests. "
+                     "(stream %d)")

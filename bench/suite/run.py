@@ -4,7 +4,7 @@
     python3 bench/suite/run.py SCENARIO [--engines llamacpp,tempo9] [--model smollm2|qwen[,..]] [...]
 
 SCENARIO: agents (both variants), agents-1.5k, agents-10k, startup-memory,
-fill-memory, prefix-hit, decode, throughput. See bench/suite/README.md for
+fill-memory, prefix-hit, decode, throughput, interference. See bench/suite/README.md for
 what each measures, the defaults and the time each takes on 2 CPU cores.
 
 For every engine and model: start the engine on a free 127.0.0.1 port, wait
@@ -33,7 +33,7 @@ import scenarios as sc  # noqa: E402
 from engines import MODEL_INFO, MODELS, REPO, make_engines  # noqa: E402
 
 SCENARIOS = ["agents", "agents-1.5k", "agents-10k", "startup-memory", "fill-memory", "prefix-hit", "decode",
-             "throughput"]
+             "throughput", "interference"]
 
 # default model(s) per scenario, chosen so that one invocation stays well under 10 minutes on 2 cores
 DEFAULT_MODEL = {
@@ -43,6 +43,7 @@ DEFAULT_MODEL = {
     "prefix-hit": "qwen",        # 15K prefix needs > 8K context
     "decode": "smollm2",
     "throughput": "smollm2",
+    "interference": "qwen",
 }
 WHY_MODEL = {
     "agents": "the ~10K-token variant does not fit SmolLM2's 8K trained context (llama-server caps slots to it)",
@@ -52,6 +53,7 @@ WHY_MODEL = {
     "agents-1.5k": "SmolLM2-135M, 4x cheaper than Qwen2.5-Coder-0.5B, keeps the run within the time bound on 2 cores",
     "decode": "SmolLM2-135M keeps 256-token repetitions short on 2 cores (Qwen2.5-Coder: --model qwen)",
     "throughput": "SmolLM2-135M keeps 16 concurrent streams within the time bound on 2 cores",
+    "interference": "a ~10K-token prompt needs Qwen2.5-Coder's 32K trained context",
 }
 
 
@@ -97,6 +99,10 @@ def parse_args(argv=None):
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--streams", default="1,4,8,16")
     ap.add_argument("--tp-tokens", type=int, default=128, help="throughput: max_tokens per stream")
+    ap.add_argument("--decoders", type=int, default=3, help="interference: streams decoding meanwhile")
+    ap.add_argument("--long-prompt", type=int, default=10000, help="interference: long prompt tokens")
+    ap.add_argument("--baseline-s", type=float, default=6.0,
+                    help="interference: seconds of steady decoding measured before the long prompt")
     a = ap.parse_args(argv)
     a.contexts = [int(x) for x in a.contexts.split(",")]
     a.fill_levels = [int(x) for x in a.fill_levels.split(",")]

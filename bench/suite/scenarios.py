@@ -8,6 +8,7 @@ Times are client-side (time.perf_counter around the HTTP stream) unless the
 field says `server_`; memory is read from /proc of the server process.
 """
 
+import threading
 import time
 
 import prompts
@@ -444,4 +445,105 @@ def summarize_throughput(result):
                         "tokens", "wall s", "ok"], "rows": rows}
     notes = ["aggregate tok/s = all completion tokens / wall time from the first request sent to the last stream "
              "finished (includes prefill and TTFT); per-stream decode excludes TTFT."]
+    return {"panels": panels, "table": table, "notes": notes}
+
+
+# =============================================================== interference
+
+
+def _itl(times_lists, lo, hi):
+    """Inter-token gaps (s) of deltas that arrive inside [lo, hi), per stream request."""
+    gaps = []
+    for ts in times_lists:
+        for a, b in zip(ts, ts[1:]):
+            if lo <= b < hi:
+                gaps.append(b - a)
+    return gaps
+
+
+def run_interference(engine, model_key, model_path, a, out=None):
+    """3 streams decode; a long prompt arrives; how long do the streams wait between tokens while
+    it prefills? Streams restart when a response ends and are cancelled once the long prompt's
+    first token arrives (plus a short tail)."""
+    n_dec, size = a.decoders, a.long_prompt
+    sys_text = prompts.system_prompt(size, prompts.cpt(model_key))
+    ctx = a.ctx or ((size + 2048 + 1023) // 1024) * 1024 * 2
+    out = _into(out, {"decoders": n_dec, "long_prompt_target": size, "ctx": ctx, "baseline_s": a.baseline_s})
+    stop = threading.Event()
+    streams = [[] for _ in range(n_dec)]  # per decoder: list of per-request delta time lists
+    reqs = [[] for _ in range(n_dec)]
+
+    def decoder(j):
+        k = 0
+        while not stop.is_set():
+            times = []
+            streams[j].append(times)
+            msgs = [{"role": "user", "content": prompts.INTERFERENCE_USER % (j + 1000 * k)}]
+            res = chat(srv.base, msgs, max_tokens=4000, stop_event=stop, delta_times=times)
+            reqs[j].append(_slim(res))
+            k += 1
+            if not res["ok"]:
+                break
+
+    # -np n_dec + 1 for llama.cpp: one slot per decoder plus the long prompt.
+    with engine.server(model_path, ctx=ctx, parallel=n_dec + 1) as srv:
+        out["server"] = _server_record(engine, srv)
+        out["warmup"] = _slim(_warmup(srv))
+        th = [threading.Thread(target=decoder, args=(j,)) for j in range(n_dec)]
+        t_start = time.perf_counter()
+        for t in th:
+            t.start()
+        # Let every stream reach steady decoding before the long prompt arrives.
+        while time.perf_counter() - t_start < 120 and not all(s and s[0] for s in streams):
+            time.sleep(0.1)
+        time.sleep(a.baseline_s)
+        t_send = time.perf_counter()
+        res = chat(srv.base, [{"role": "system", "content": sys_text},
+                              {"role": "user", "content": "Summarize the workspace rules in one sentence."}],
+                   max_tokens=4)
+        t_first = t_send + (res["ttft_s"] or res["total_s"] or 0)
+        time.sleep(2.0)
+        stop.set()
+        for t in th:
+            t.join()
+    all_times = [ts for s in streams for ts in s]
+    base = _itl(all_times, t_send - a.baseline_s, t_send)
+    during = _itl(all_times, t_send, t_first)
+    out["long"] = _slim(res)
+    out["decoder_requests"] = reqs
+    out["itl_baseline_s"] = {"n": len(base), "p50": _r(percentile(base, 50), 4), "p95": _r(percentile(base, 95), 4),
+                             "max": _r(max(base), 4) if base else None}
+    out["itl_during_s"] = {"n": len(during), "p50": _r(percentile(during, 50), 4),
+                           "p95": _r(percentile(during, 95), 4), "max": _r(max(during), 4) if during else None}
+    out["itl_during_all"] = [round(g, 4) for g in during]
+    out["tokens_during"] = len(during)
+    print("  long prompt: %s tokens, TTFT %s s; decoders ITL baseline p50/p95 %s/%s s, during prefill "
+          "p50/p95/max %s/%s/%s s (%d tokens)" % (
+              res.get("prompt_tokens"), _r(res.get("ttft_s")), out["itl_baseline_s"]["p50"],
+              out["itl_baseline_s"]["p95"], out["itl_during_s"]["p50"], out["itl_during_s"]["p95"],
+              out["itl_during_s"]["max"], len(during)), flush=True)
+    return out
+
+
+def summarize_interference(result):
+    prow, rows = [], []
+    for run in result["runs"]:
+        d = run["data"]
+        b, du = d["itl_baseline_s"], d["itl_during_s"]
+        prow.append({"label": "%s (%s)" % (run["engine"], run["model"]), "engine": run["engine"],
+                     "points": [{"tag": "base p50", "value": b["p50"]}, {"tag": "base p95", "value": b["p95"]},
+                                {"tag": "p50", "value": du["p50"]}, {"tag": "p95", "value": du["p95"]},
+                                {"tag": "max", "value": du["max"]}]})
+        lg = d.get("long") or {}
+        rows.append([run["model"], run["engine"], lg.get("prompt_tokens"), _r(lg.get("ttft_s"), 2),
+                     b["p50"], b["p95"], du["p50"], du["p95"], du["max"], du["n"]])
+    panels = [{"title": "interference: decoders' inter-token latency while a long prompt prefills", "unit": "s",
+               "better": "lower", "rows": prow, "log": True}]
+    table = {"header": ["model", "engine", "long prompt tokens", "long prompt TTFT s", "ITL p50 before s",
+                        "ITL p95 before s", "ITL p50 during s", "ITL p95 during s", "ITL max during s",
+                        "tokens during"], "rows": rows}
+    notes = ["%d streams decode (greedy, restarted when they end); after they are steady for a few seconds a "
+             "request with a long system prompt arrives (cold). ITL = gap between consecutive content deltas of "
+             "one stream, client side; 'during' = deltas arriving between the long request being sent and its "
+             "first token." % (result["runs"][0]["data"]["decoders"] if result["runs"] else 3)]
     return {"panels": panels, "table": table, "notes": notes}
