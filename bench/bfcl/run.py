@@ -165,11 +165,11 @@ def run_all(engines, model_path, Handler, cats, data, args, res, save, log):
 def markdown(res):
     eng = [e["engine"] for e in res["engines"]]
     lines = ["# BFCL v4 single-turn sample: %s" % ", ".join(eng), "",
-             "Model: %s (`%s`). bfcl-eval %s, official checker. Per category a seeded random sample of "
-             "%d entries (seed %s), identical for both engines; temperature 0, max_tokens %d, one request "
-             "at a time, tool_choice auto (server default), via each engine's /v1/chat/completions." % (
-                 res["model"], os.path.basename(res["model_path"]), res["bfcl_eval_version"], res["n"],
-                 res["seed"], res["max_tokens"]),
+             "Model: %s (`%s`). bfcl-eval %s, official checker. Per category a seeded random sample "
+             "(seed %s; column n; the same entries for both engines); temperature 0, one request at a time, "
+             "tool_choice auto (server default), via each engine's /v1/chat/completions; runs: %s." % (
+                 res["model"], os.path.basename(res["model_path"]), res["bfcl_eval_version"], res["seed"],
+                 "; ".join("n %s, max_tokens %s" % (r["n"], r["max_tokens"]) for r in res.get("runs", [res]))),
              "", "Command: `%s`" % res["command"], "",
              "| category | dataset size | n | " + " | ".join(eng) + " |",
              "|---|---:|---:|" + "---:|" * len(eng)]
@@ -226,7 +226,13 @@ def merge(paths, out, order):
         res["engines"].append(dict(e, categories=cats))
     done = set.intersection(*(set(e["categories"]) for e in res["engines"]))
     res["categories"] = [c for c in order if c in done]
-    res["sample_ids"] = {c: ids for p in parts for c, ids in p["sample_ids"].items() if c in done}
+    # Sample ids from the part whose results are used (later parts win, as above).
+    res["sample_ids"] = {}
+    for p in parts:
+        for c, v in p["engines"][0]["categories"].items():
+            if "n" in v and c in done:
+                res["sample_ids"][c] = p["sample_ids"][c]
+    res["runs"] = [{k: p[k] for k in ("command", "n", "seed", "max_tokens", "threads", "started")} for p in parts]
     with open(out + ".json", "w") as f:
         json.dump(res, f, indent=1, default=str)
     with open(out + ".md", "w") as f:

