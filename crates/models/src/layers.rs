@@ -39,10 +39,11 @@ pub(crate) struct Builder<'a> {
     pub cpu: bool,
 }
 
-/// Weight types whose CPU matmul goes through llamafile's tinyBLAS when several rows
-/// multiply at once: its tiles (and so its rounding) depend on the row count.
-/// Other types use one dot product per output, the same for any row count.
-fn batch_variant_on_cpu(t: DType) -> bool {
+/// Weight types whose CPU matmul goes through llamafile's tinyBLAS when two or more
+/// rows multiply at once, but through ggml's dot products for a single row; the two
+/// round differently. tinyBLAS itself computes every output the same way whatever
+/// the row count (its tiles only change which outputs share registers).
+fn tinyblas_on_cpu(t: DType) -> bool {
     // F32, F16, Q4_0, Q5_0, Q8_0, IQ4_NL, BF16 (ggml type ids).
     matches!(t.raw(), 0 | 1 | 2 | 6 | 8 | 20 | 30)
 }
@@ -70,15 +71,16 @@ impl<'a> Builder<'a> {
 
     /// `w x (+ b)`, with the rows of `x` split into groups that each sequence would
     /// also see alone, so its numbers do not depend on what else is in the step:
-    /// ggml's CPU matmuls choose kernels and tiles by row count, and some round
-    /// differently (repacked weights: gemm for row groups of four, gemv for the rest).
-    /// Prompt chunks multiply on their own; single-row decodes multiply together,
-    /// except on weights whose CPU kernel depends on the row count (repacked
-    /// layouts, tinyBLAS types), where each row goes alone.
+    /// ggml's matmuls choose kernels and tiles by row count, and some round
+    /// differently. Prompt chunks multiply on their own. Single-row decodes multiply
+    /// together, except on repacked CPU weights (gemm for row groups of four, gemv
+    /// for the rest), where each row goes alone. On the CPU, tinyBLAS weight types
+    /// take ggml's dot products for one row but tinyBLAS (which computes each output
+    /// the same way for any row count) for two or more, so a lone row is doubled.
     pub fn linear(&self, w: WeightId, x: Tensor<'a>, b: Option<WeightId>) -> Tensor<'a> {
+        let repacked = self.w.is_repacked(w);
+        let double_lone_rows = self.cpu && !repacked && tinyblas_on_cpu(self.wt(w).dtype());
         let n_rows = x.ne()[1] as usize;
-        let repacked =
-            self.w.is_repacked(w) || (self.cpu && batch_variant_on_cpu(self.wt(w).dtype()));
         // Row ranges: per sequence on all tokens, or (after `select_outputs`) one
         // output row per sequence.
         let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {
@@ -94,32 +96,48 @@ impl<'a> Builder<'a> {
         let mut groups: Vec<(usize, usize, bool)> = Vec::new();
         for (start, rows) in spans {
             match groups.last_mut() {
-                // Adjacent single rows share one matmul unless the weight is repacked.
                 Some(g) if !repacked && rows == 1 && g.2 && g.0 + g.1 == start => g.1 += 1,
                 _ => groups.push((start, rows, rows == 1)),
             }
         }
-        let y = if groups.len() > 1 {
-            let nb1 = x.nb()[1];
-            let mut y: Option<Tensor<'a>> = None;
-            for &(start, rows, _) in &groups {
+        let nb1 = x.nb()[1];
+        let mul = |start: usize, rows: usize| {
+            if rows == 1 && double_lone_rows {
+                // The row twice, then the first result column.
+                let xs = self.ctx.view(x, &[x.ne()[0], 1], &[nb1], start * nb1);
+                let y = self.ctx.mul_mat(self.wt(w), self.ctx.concat(xs, xs, 1));
+                self.ctx.view(y, &[y.ne()[0], 1], &[y.nb()[1]], 0)
+            } else if rows == n_rows {
+                self.ctx.mul_mat(self.wt(w), x)
+            } else {
                 let xs = self
                     .ctx
                     .view(x, &[x.ne()[0], rows as i64], &[nb1], start * nb1);
-                let ys = self.ctx.mul_mat(self.wt(w), xs);
-                y = Some(match y {
-                    None => ys,
-                    Some(prev) => self.ctx.concat(prev, ys, 1),
-                });
+                self.ctx.mul_mat(self.wt(w), xs)
             }
-            y.expect("at least one group")
-        } else {
-            self.ctx.mul_mat(self.wt(w), x)
         };
+        let parts: Vec<Tensor<'a>> = groups.iter().map(|&(s, r, _)| mul(s, r)).collect();
+        let y = self.concat_all(parts, 1);
         match b {
             Some(b) => self.ctx.add(y, self.wt(b)),
             None => y,
         }
+    }
+
+    /// Concatenates `parts` along `dim` pairwise, so each element is copied
+    /// O(log parts) times rather than once per later part.
+    fn concat_all(&self, mut parts: Vec<Tensor<'a>>, dim: usize) -> Tensor<'a> {
+        while parts.len() > 1 {
+            parts = parts
+                .chunks(2)
+                .map(|p| match p {
+                    [a, b] => self.ctx.concat(*a, *b, dim),
+                    [a] => *a,
+                    _ => unreachable!("chunks of two"),
+                })
+                .collect();
+        }
+        parts.pop().expect("at least one part")
     }
 
     /// Splits `[n_heads * dim, n_tokens]` into `[dim, n_heads, n_tokens]`.
@@ -156,7 +174,7 @@ impl<'a> Builder<'a> {
         self.graph.expand(k_all);
         self.graph.expand(v_all);
         let q_nb = q.nb();
-        let mut out: Option<Tensor<'a>> = None;
+        let mut outs: Vec<Tensor<'a>> = Vec::with_capacity(self.inp.seqs.len());
         for s in &self.inp.seqs {
             let rows = s.n_rows as i64;
             let qs = ctx.view(
@@ -176,13 +194,9 @@ impl<'a> Builder<'a> {
             let q = ctx.permute(qs, [0, 2, 1, 3]);
             let k = ctx.permute(ks, [0, 2, 1, 3]);
             let v = ctx.permute(vs, [0, 2, 1, 3]);
-            let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, rows]
-            out = Some(match out {
-                None => o,
-                Some(prev) => ctx.concat(prev, o, 2),
-            });
+            outs.push(ctx.flash_attn(q, k, v, mask, scale)); // [dim_v, n_head, rows]
         }
-        let out = out.expect("a step has at least one sequence");
+        let out = self.concat_all(outs, 2);
         ctx.reshape(out, &[(hp.n_head * hp.head_dim_v) as i64, n_t])
     }
 
@@ -192,21 +206,11 @@ impl<'a> Builder<'a> {
     fn window(&self, pool: Tensor<'a>, runs: &[CellRun]) -> Tensor<'a> {
         let ctx = self.ctx;
         let (row, nb1) = (pool.ne()[0], pool.nb()[1]);
-        let mut parts: Vec<Tensor<'a>> = runs
+        let parts: Vec<Tensor<'a>> = runs
             .iter()
             .map(|r| ctx.view(pool, &[row, r.len as i64], &[nb1], r.start * nb1))
             .collect();
-        while parts.len() > 1 {
-            parts = parts
-                .chunks(2)
-                .map(|p| match p {
-                    [a, b] => ctx.concat(*a, *b, 1),
-                    [a] => *a,
-                    _ => unreachable!("chunks of two"),
-                })
-                .collect();
-        }
-        parts.pop().expect("a window has at least one run")
+        self.concat_all(parts, 1)
     }
 
     /// Keeps only the rows whose logits are wanted (applied in the last layer, where
