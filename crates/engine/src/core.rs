@@ -812,6 +812,29 @@ impl EngineCore {
         }
     }
 
+    /// Whether `w` shares at least a page of prompt beyond its cached prefix with a
+    /// running request that is prefilling those tokens now. Admitted now, it would
+    /// compute the same pages a second time (agents sharing a long system prompt
+    /// arrive together); a few steps later they are a prefix-cache hit.
+    fn prefix_in_flight(&self, w: &Live, usable: usize) -> bool {
+        let ps = self.pool.page_size();
+        let cached = self
+            .pool
+            .lookup_prefix(&w.tokens[..usable], 0)
+            .n_cached_tokens;
+        self.running.iter().any(|r| {
+            if r.n_computed >= r.n_prompt {
+                return false;
+            }
+            let common = w.tokens[..usable]
+                .iter()
+                .zip(&r.tokens[..r.n_prompt])
+                .take_while(|(a, b)| a == b)
+                .count();
+            common / ps * ps >= cached + ps
+        })
+    }
+
     /// Admits waiting requests in policy order while the running limit and free
     /// pages allow, giving them their cached prefix; planning then treats them like
     /// every running request.
@@ -819,8 +842,15 @@ impl EngineCore {
         let policy = self.config.policy;
         self.waiting.sort_by_key(|s| policy.key(s.rank));
         while self.running.len() + self.loading.len() < self.config.max_running {
-            let Some(w) = self.waiting.first() else { break };
-            let usable = self.usable_prefix(w);
+            // The first request in policy order that is not waiting for a prefix
+            // another request is computing right now.
+            let Some((i, usable)) = self.waiting.iter().enumerate().find_map(|(i, w)| {
+                let usable = self.usable_prefix(w);
+                (!self.prefix_in_flight(w, usable)).then_some((i, usable))
+            }) else {
+                break;
+            };
+            let w = &self.waiting[i];
             let m = self.pool.lookup_prefix(&w.tokens[..usable], 0);
             let revived = m
                 .pages
@@ -838,13 +868,13 @@ impl EngineCore {
                 {
                     // Cannot fit even alone (the pool was checked at submission, so
                     // this is a resumed request that grew past the pool).
-                    let s = self.waiting.remove(0);
+                    let s = self.waiting.remove(i);
                     self.end(s, FinishReason::ContextFull);
                     continue;
                 }
                 break;
             }
-            let mut s = self.waiting.remove(0);
+            let mut s = self.waiting.remove(i);
             let m = self
                 .pool
                 .allocate(s.id, &s.tokens[..usable], 0)

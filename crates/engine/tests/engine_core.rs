@@ -119,10 +119,10 @@ fn same_tokens_alone_batched_warm_and_preempted() {
     let st = shared.stats();
     assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
 
-    // Preempted: the pool holds about three requests' worth of pages, so the later
+    // Preempted: the pool holds about two requests' worth of pages, so the later
     // ones are preempted (their KV dropped) and recomputed when memory frees up.
     let page_bytes = shared.stats().page_bytes;
-    let mut tight = core(&model, &tok, 12 * page_bytes);
+    let mut tight = core(&model, &tok, 8 * page_bytes);
     let out = run_batch(
         &mut tight,
         ps.iter().map(|p| greedy(p.clone(), N_GEN)).collect(),
@@ -299,6 +299,56 @@ fn long_prefill_does_not_stall_decodes() {
     // 2000 tokens in steps of at most 512 minus the three decodes.
     assert!(prefill_steps >= 4, "prefill took {prefill_steps} steps");
     eng.run_until_idle().unwrap();
+}
+
+#[test]
+fn requests_arriving_together_compute_a_shared_prefix_once() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else {
+        return;
+    };
+    // Four agents send a ~700-token system prompt at the same moment.
+    let system = "You are a coding agent. Use the tools to read, edit and test files; keep diffs \
+        small and explain each change in one sentence. "
+        .repeat(24);
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            tok.encode(
+                &format!("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nTask {i}: list the files.<|im_end|>\n<|im_start|>assistant\n"),
+                true,
+                true,
+            )
+        })
+        .collect();
+    let n_prompt = prompts[0].len();
+    assert!(n_prompt > 600, "system prompt too short: {n_prompt}");
+    let mut eng = core(&model, &tok, 256 << 20);
+    let outs = run_batch(
+        &mut eng,
+        prompts.iter().map(|p| greedy(p.clone(), 8)).collect(),
+    );
+    let cached: Vec<usize> = outs.iter().map(|o| o.finish.usage.cached_tokens).collect();
+    // One request computes the shared pages; the others wait for them and hit.
+    assert_eq!(
+        cached.iter().filter(|&&c| c == 0).count(),
+        1,
+        "cached {cached:?}"
+    );
+    assert!(
+        cached.iter().filter(|&&c| c >= n_prompt - 128).count() == 3,
+        "cached {cached:?} of {n_prompt}"
+    );
+    let computed = eng.stats().computed_tokens_total as usize;
+    assert!(
+        computed < n_prompt + 3 * 128 + 4 * 8,
+        "computed {computed} tokens for 4 x {n_prompt}"
+    );
+    // Same tokens as each request alone.
+    for (p, o) in prompts.iter().zip(&outs) {
+        let mut fresh = core(&model, &tok, 64 << 20);
+        let alone = run_batch(&mut fresh, vec![greedy(p.clone(), 8)]);
+        assert_eq!(alone[0].tokens, o.tokens);
+    }
 }
 
 #[test]
