@@ -348,6 +348,15 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_cont(c, a.raw()) })
     }
 
+    /// Copies `a` into `b` (same number of elements; converts the type when they
+    /// differ). Returns a view of `b` that depends on the copy: expand it into the
+    /// graph before anything that reads `b`.
+    pub fn cpy<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        assert_eq!(a.n_elements(), b.n_elements(), "cpy: element counts differ");
+        // SAFETY: live tensors; sizes checked above.
+        self.op1(|c| unsafe { sys::ggml_cpy(c, a.raw(), b.raw()) })
+    }
+
     /// `a` and `b` joined along dimension `dim` (all other dimensions equal).
     pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: usize) -> Tensor<'a> {
         let (an, bn) = (a.ne(), b.ne());

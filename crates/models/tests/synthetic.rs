@@ -220,6 +220,13 @@ fn scattered_window_equals_contiguous() {
         contiguous, scattered,
         "logits depend on where the cells lie"
     );
+    // The window is built by one block copy that puts the longest run in place
+    // (here the second, not the first) and then copies the others over it; when
+    // no run's block fits the pool, the block starts at cell 0.
+    for runs in [vec![run(2, 2), run(30, 14)], vec![run(60, 4), run(0, 12)]] {
+        let scattered = step_windows(&model, &[a], &[runs.clone()]);
+        assert_eq!(contiguous, scattered, "logits differ for runs {runs:?}");
+    }
 }
 
 /// Cells a sequence's mask hides may hold another sequence's old K/V (reused
