@@ -308,9 +308,6 @@ fn agents_take_turns_through_a_tight_ram_budget_and_faults_recompute() {
 }
 
 #[test]
-#[ignore = "flaky: about one run in three, one of the tight-RAM configurations (no SSD, disk full, \
-            zero budget; which one varies) recomputes to tokens that differ from the big-RAM run; \
-            under investigation (determinism of eviction + recompute), run with --ignored"]
 fn full_disk_and_zero_budget_recompute() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some((model, tok)) = smollm2() else {

@@ -330,6 +330,15 @@ pub trait HostBytes: Send + Sync {
     fn host_bytes(&self) -> &[u8];
 }
 
+/// An anonymous memory map owned by a [`Buffer`] that ggml writes into.
+struct AnonMap(memmap2::MmapMut);
+
+impl HostBytes for AnonMap {
+    fn host_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// Backend memory holding tensor data.
 pub struct Buffer {
     ptr: NonNull<sys::ggml_backend_buffer>,
@@ -365,6 +374,28 @@ impl Buffer {
         Ok(Buffer {
             ptr,
             _owner: Some(bytes),
+        })
+    }
+
+    /// A writable CPU buffer of `size` bytes that reads as zeros until written, in an
+    /// anonymous memory map: the OS commits a page only when it is first written
+    /// (a KV pool costs nothing until tokens arrive), and its bytes never hold what
+    /// the process's allocator last kept there.
+    pub fn zeroed_host(size: usize) -> Result<Buffer, GgmlError> {
+        let err = || GgmlError::BufferAlloc {
+            size,
+            buft: "CPU(anonymous map)".into(),
+        };
+        let map = memmap2::MmapMut::map_anon(size.max(1)).map_err(|_| err())?;
+        let ptr = map.as_ptr() as *mut c_void;
+        // SAFETY: the map stays alive and at its address while the buffer exists (we
+        // hold it); it is page aligned; Rust never touches its bytes afterwards, so
+        // ggml is the only writer.
+        let b = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(ptr, size) };
+        let ptr = NonNull::new(b).ok_or_else(err)?;
+        Ok(Buffer {
+            ptr,
+            _owner: Some(Arc::new(AnonMap(map))),
         })
     }
 

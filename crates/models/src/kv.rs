@@ -7,7 +7,7 @@
 //! cells each sequence attends over, and which of them each token sees (the mask).
 //! Masked cells cost nothing in ggml's CPU flash attention.
 
-use tempo9_ggml::{f32_to_f16_bits, DType, Device, DeviceKind, Tensor, TensorStore};
+use tempo9_ggml::{f32_to_f16_bits, Buffer, DType, Device, DeviceKind, Tensor, TensorStore};
 
 use crate::weights::Offload;
 use crate::{HParams, ModelError};
@@ -73,14 +73,20 @@ impl KvStore {
                 offsets.push(size);
                 size += buft.alloc_size(store.get(i)).div_ceil(align) * align;
             }
-            let buf = buft.alloc(size)?;
+            // Attention windows include unwritten cells (padding), masked but still
+            // multiplied by zero by GPU kernels and ggml's tiled CPU attention
+            // (NaN * 0 = NaN), so they must hold zeros: device memory is cleared
+            // once; host memory is an anonymous map, zero and committed on write
+            // (the allocator's reused heap memory can hold anything).
+            let buf = if dev {
+                let buf = buft.alloc(size)?;
+                buf.clear(0);
+                buf
+            } else {
+                Buffer::zeroed_host(size)?
+            };
             for (&i, off) in ids.iter().zip(offsets) {
                 buf.place(store.get(i), off)?;
-            }
-            // Masked cells are skipped on the CPU, but GPU kernels may multiply
-            // garbage by zero (NaN * 0 = NaN): clear device memory once.
-            if dev {
-                buf.clear(0);
             }
             store.keep_buffer(buf);
         }

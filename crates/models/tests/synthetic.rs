@@ -309,3 +309,32 @@ fn load_errors_are_clear() {
         "{e}"
     );
 }
+
+/// Cells no token has written yet must read as zeros, not as whatever the process's
+/// allocator last kept there: a padded attention window includes such cells, and
+/// ggml's tiled CPU attention (prompt chunks) multiplies masked cells by zero, so a
+/// NaN left there by freed memory turned a whole chunk's output into NaN.
+#[test]
+fn unwritten_kv_cells_read_as_zero_even_after_heap_garbage() {
+    let model = load(tiny_llama(|_| {}, None)).expect("load");
+    let per_cell = model.new_kv(64).unwrap().bytes() / 64;
+    let n_cells = (8 << 20) / per_cell;
+    // Raise glibc's mmap threshold above the pool's size (a freed 32 MiB mapping
+    // does), then free NaN-patterned heap blocks of about that size.
+    drop(std::hint::black_box(vec![1u8; 32 << 20]));
+    for _ in 0..4 {
+        drop(std::hint::black_box(vec![0xFFu8; (8 << 20) + 4096]));
+    }
+    let kv = model.new_kv(n_cells).unwrap();
+    let mut buf = vec![0u8; kv.k(0).nbytes()];
+    for il in 0..LAYERS {
+        for t in [kv.k(il), kv.v(il)] {
+            buf.resize(t.nbytes(), 0);
+            t.read_bytes(0, &mut buf).unwrap();
+            assert!(
+                buf.iter().all(|&b| b == 0),
+                "layer {il}: a fresh KV pool holds garbage"
+            );
+        }
+    }
+}
