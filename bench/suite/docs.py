@@ -40,24 +40,32 @@ Q4_1 (`smollm2`), see `/work/shared/MODELS.md`.
 
 
 def latest(scenario):
-    pat = re.compile(r"^(\d{4}-\d{2}-\d{2})-%s\.json$" % re.escape(scenario))
-    files = sorted(f for f in glob.glob(os.path.join(RESULTS, "*.json")) if pat.match(os.path.basename(f)))
-    return files[-1] if files else None
+    return (latest_all(scenario) or [None])[0]
+
+
+def latest_all(scenario):
+    """The latest result of `scenario`, then the latest of each of its variants
+    written with `--tag .NAME` (`<date>-<scenario>.NAME.json`, e.g. a 15K prefix-hit)."""
+    pat = re.compile(r"^(\d{4}-\d{2}-\d{2})-%s(\.[\w-]+)?\.json$" % re.escape(scenario))
+    by_tag = {}
+    for f in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
+        m = pat.match(os.path.basename(f))
+        if m:
+            by_tag[m.group(2) or ""] = f
+    return [by_tag[t] for t in sorted(by_tag)]
 
 
 def main():
     out = [INTRO]
     done = set()
-    for scen in SCENARIOS:
-        path = latest(scen)
-        if not path:
-            continue
+    for scen, path in ((sc, p) for sc in SCENARIOS for p in latest_all(sc)):
         with open(path) as f:
             res = json.load(f)
         done.add(scen)
         stem = os.path.splitext(os.path.relpath(path, os.path.dirname(DOC)))[0]
         s = res.get("summary") or {}
-        out += ["## %s" % scen, "",
+        tag = os.path.basename(path)[11 + len(scen):-len(".json")].lstrip(".")
+        out += ["## %s" % (scen + (" (%s)" % tag if tag else "")), "",
                 "Run %s, %.0f s, `%s`. Raw: [`%s.json`](%s.json), summary [`%s.md`](%s.md)." % (
                     res["started"][:16].replace("T", " "), res.get("duration_s", 0), res["command"],
                     os.path.basename(stem), stem, os.path.basename(stem), stem), ""]
