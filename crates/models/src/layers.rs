@@ -49,6 +49,14 @@ fn tinyblas_on_cpu(t: DType) -> bool {
     matches!(t.raw(), 0 | 1 | 2 | 6 | 8 | 20 | 30)
 }
 
+/// Weight types whose CPU matmul (ggml's dot products, one output at a time)
+/// gives each row the same numbers whatever rows share the matmul, checked by the
+/// batched parity tests: Q4_1 (SmolLM2). Merging the prompt chunks of different
+/// sequences on Q6_K moved Qwen2.5's step-0 logprob by 0.03 (cause not found).
+fn merge_chunks_on_cpu(t: DType) -> bool {
+    matches!(t.raw(), 3)
+}
+
 impl<'a> Builder<'a> {
     /// Weight by id.
     pub fn wt(&self, id: WeightId) -> Tensor<'a> {
@@ -70,20 +78,23 @@ impl<'a> Builder<'a> {
         self.ctx.mul(n, self.wt(w))
     }
 
-    /// `w x (+ b)`, with the rows of `x` split into groups that each sequence would
-    /// also see alone, so its numbers do not depend on what else is in the step:
-    /// ggml's matmuls choose kernels and tiles by row count, and some round
-    /// differently. Prompt chunks multiply on their own. Single-row decodes multiply
-    /// together, except on repacked CPU weights (gemm for row groups of four, gemv
-    /// for the rest), where each row goes alone. On the CPU, tinyBLAS weight types
-    /// take ggml's dot products for one row but tinyBLAS (which computes each output
-    /// the same way for any row count) for two or more, so a lone row is doubled.
+    /// `w x (+ b)`, with the rows of `x` grouped so that each sequence's numbers do
+    /// not depend on what else is in the step (ggml's matmuls choose kernels by row
+    /// count, and some round differently):
+    /// - repacked CPU weights (gemm for row groups of four, gemv for the rest): each
+    ///   prompt chunk multiplies on its own and each decode row alone;
+    /// - Q4_1 on the CPU (see [`merge_chunks_on_cpu`]), and every weight on a GPU
+    ///   (checked to a tolerance, not bit for bit): all rows in one matmul, one pass
+    ///   over the weight;
+    /// - other CPU weights: decode rows together and each prompt chunk on its own;
+    ///   for tinyBLAS types (Q8_0, Q5_0, Q4_0, F16, ...) ggml takes its dot products
+    ///   for one row and tinyBLAS from two rows on, so a lone decode row is doubled.
     pub fn linear(&self, w: WeightId, x: Tensor<'a>, b: Option<WeightId>) -> Tensor<'a> {
         let repacked = self.w.is_repacked(w);
         let double_lone_rows = self.cpu && !repacked && tinyblas_on_cpu(self.wt(w).dtype());
         let n_rows = x.ne()[1] as usize;
-        // Row ranges: per sequence on all tokens, or (after `select_outputs`) one
-        // output row per sequence.
+        // Row ranges: per sequence on all tokens (a prompt chunk or one decode row),
+        // or (after `select_outputs`) one output row per sequence.
         let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {
             self.inp
                 .seqs
@@ -93,14 +104,22 @@ impl<'a> Builder<'a> {
         } else {
             (0..n_rows).map(|r| (r, 1)).collect()
         };
-        // (first row, rows, made of single-row spans only)
-        let mut groups: Vec<(usize, usize, bool)> = Vec::new();
-        for (start, rows) in spans {
-            match groups.last_mut() {
-                Some(g) if !repacked && rows == 1 && g.2 && g.0 + g.1 == start => g.1 += 1,
-                _ => groups.push((start, rows, rows == 1)),
+        let groups: Vec<(usize, usize)> = if repacked {
+            spans
+        } else if !self.cpu || merge_chunks_on_cpu(self.wt(w).dtype()) {
+            vec![(0, n_rows)]
+        } else {
+            // Decode rows together, each prompt chunk on its own.
+            let mut groups: Vec<(usize, usize)> = Vec::new();
+            for (i, &(start, rows)) in spans.iter().enumerate() {
+                let prev_single = i > 0 && spans[i - 1].1 == 1;
+                match groups.last_mut() {
+                    Some(g) if rows == 1 && prev_single => g.1 += 1,
+                    _ => groups.push((start, rows)),
+                }
             }
-        }
+            groups
+        };
         let nb1 = x.nb()[1];
         let mul = |start: usize, rows: usize| {
             if rows == 1 && double_lone_rows {
@@ -117,7 +136,7 @@ impl<'a> Builder<'a> {
                 self.ctx.mul_mat(self.wt(w), xs)
             }
         };
-        let parts: Vec<Tensor<'a>> = groups.iter().map(|&(s, r, _)| mul(s, r)).collect();
+        let parts: Vec<Tensor<'a>> = groups.iter().map(|&(s, r)| mul(s, r)).collect();
         let y = self.concat_all(parts, 1);
         match b {
             Some(b) => self.ctx.add(y, self.wt(b)),

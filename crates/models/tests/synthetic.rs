@@ -224,7 +224,7 @@ fn scattered_window_equals_contiguous() {
     // (here the second, not the first) and then copies the others over it; when
     // no run's block fits the pool, the block starts at cell 0.
     for runs in [vec![run(2, 2), run(30, 14)], vec![run(60, 4), run(0, 12)]] {
-        let scattered = step_windows(&model, &[a], &[runs.clone()]);
+        let scattered = step_windows(&model, &[a], std::slice::from_ref(&runs));
         assert_eq!(contiguous, scattered, "logits differ for runs {runs:?}");
     }
 }
