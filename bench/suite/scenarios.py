@@ -467,7 +467,8 @@ def run_interference(engine, model_key, model_path, a, out=None):
     first token arrives (plus a short tail)."""
     n_dec, size = a.decoders, a.long_prompt
     sys_text = prompts.system_prompt(size, prompts.cpt(model_key))
-    ctx = a.ctx or ((size + 2048 + 1023) // 1024) * 1024 * 2
+    # llama.cpp splits -c among its -np slots: each slot must hold the long prompt.
+    ctx = a.ctx or ((size + 2048 + 1023) // 1024) * 1024 * (n_dec + 1)
     out = _into(out, {"decoders": n_dec, "long_prompt_target": size, "ctx": ctx, "baseline_s": a.baseline_s})
     stop = threading.Event()
     streams = [[] for _ in range(n_dec)]  # per decoder: list of per-request delta time lists

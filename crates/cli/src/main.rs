@@ -87,6 +87,11 @@ pub struct ModelArgs {
     /// this size while other requests keep decoding.
     #[arg(long, value_name = "N", default_value_t = 512)]
     pub step_tokens: usize,
+    /// While requests are decoding, shrink prompt chunks (down to 64 tokens) so a
+    /// step takes about this many milliseconds: bounds the delay a long prompt adds
+    /// between other streams' tokens on slow hardware. 0 = always full chunks.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub itl_target_ms: u64,
     /// Most requests running at once (more wait in the queue).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_running: usize,
@@ -129,6 +134,8 @@ impl ModelArgs {
             page_tokens: self.kv_page_tokens,
             max_running: self.max_running,
             step_tokens: self.step_tokens,
+            itl_target: (self.itl_target_ms > 0)
+                .then(|| std::time::Duration::from_millis(self.itl_target_ms)),
             max_context: self.ctx,
             policy: self.policy,
             ssd: self.ssd_config(),

@@ -78,6 +78,12 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Most tokens in one step (decodes plus prompt chunks).
     pub step_tokens: usize,
+    /// While some requests are decoding, prompt chunks shrink (to no fewer than
+    /// [`CHUNK_ALIGN`] tokens) so that a step takes about this long, measured from
+    /// recent steps: a long prompt arriving on a slow machine then delays the others'
+    /// next tokens by this much, not by a full `step_tokens` chunk. `None` = chunks of
+    /// `step_tokens` always.
+    pub itl_target: Option<std::time::Duration>,
     /// Per-request limit on prompt plus output tokens; `None` = the model's trained
     /// context length. Costs no memory up front.
     pub max_context: Option<usize>,
@@ -97,6 +103,7 @@ impl Default for EngineConfig {
             max_running: 64,
             max_waiting: 1024,
             step_tokens: 512,
+            itl_target: Some(std::time::Duration::from_millis(500)),
             max_context: None,
             policy: Policy::Fcfs,
             ssd: None,
@@ -357,6 +364,9 @@ pub struct EngineCore {
     /// Requests submitted but not yet admitted (shared with the threaded handle).
     queued: Arc<AtomicUsize>,
     stats: EngineStats,
+    /// Seconds per computed token in recent steps of at least [`CHUNK_ALIGN`] tokens
+    /// (moving average), for [`EngineConfig::itl_target`].
+    token_cost_s: Option<f64>,
 }
 
 impl EngineCore {
@@ -431,6 +441,7 @@ impl EngineCore {
             next_id: 0,
             queued: Arc::new(AtomicUsize::new(0)),
             stats: EngineStats::default(),
+            token_cost_s: None,
         })
     }
 
@@ -604,6 +615,7 @@ impl EngineCore {
             return Ok(true);
         }
         let batch = self.assemble(&work);
+        let t0 = std::time::Instant::now();
         let mut logits = match self.forward(&work, &batch) {
             Ok(l) => l,
             Err(e) => {
@@ -620,6 +632,10 @@ impl EngineCore {
         };
         self.stats.steps_total += 1;
         self.stats.computed_tokens_total += batch.tokens.len() as u64;
+        if batch.tokens.len() >= CHUNK_ALIGN {
+            let cost = t0.elapsed().as_secs_f64() / batch.tokens.len() as f64;
+            self.token_cost_s = Some(self.token_cost_s.map_or(cost, |c| 0.5 * c + 0.5 * cost));
+        }
         self.after_step(&work, &mut logits);
         Ok(true)
     }
@@ -683,9 +699,34 @@ impl EngineCore {
     fn next_piece(&self, i: usize, budget: usize) -> usize {
         let s = &self.running[i];
         if s.n_computed < s.n_prompt {
-            prompt_piece(s.n_prompt - s.n_computed, budget)
+            let remaining = s.n_prompt - s.n_computed;
+            match prompt_piece(remaining, budget) {
+                // A budget of one aligned chunk cannot split 65..127 remaining tokens
+                // (the last chunk must not be shorter): take them all, exceeding it
+                // by less than a chunk, rather than never finishing.
+                0 if budget >= CHUNK_ALIGN && remaining < 2 * CHUNK_ALIGN => remaining,
+                n => n,
+            }
         } else {
             1
+        }
+    }
+
+    /// Prompt tokens this step may compute: `step_tokens`, or while some request is
+    /// decoding, what fits the ITL target at the recent cost per token (a multiple of
+    /// [`CHUNK_ALIGN`], at least one).
+    fn prompt_budget(&self) -> usize {
+        let full = self.config.step_tokens;
+        let decoding = self
+            .running
+            .iter()
+            .any(|s| s.n_computed >= s.n_prompt && s.n_computed < s.tokens.len());
+        match (self.config.itl_target, self.token_cost_s) {
+            (Some(target), Some(cost)) if decoding && cost > 0.0 => {
+                let fit = (target.as_secs_f64() / cost) as usize / CHUNK_ALIGN * CHUNK_ALIGN;
+                fit.clamp(CHUNK_ALIGN.min(full), full)
+            }
+            _ => full,
         }
     }
 
@@ -695,7 +736,7 @@ impl EngineCore {
     /// returned work is in that (batch) order.
     fn schedule(&mut self) -> Vec<Work> {
         let policy = self.config.policy;
-        let mut budget = self.config.step_tokens;
+        let mut budget = self.prompt_budget();
         let mut order: Vec<usize> = (0..self.running.len()).collect();
         order.sort_by_key(|&i| policy.key(self.running[i].rank));
         let mut planned = vec![false; self.running.len()];
@@ -770,7 +811,7 @@ impl EngineCore {
                         // gets its token each step.
                         break;
                     }
-                    budget -= n;
+                    budget = budget.saturating_sub(n);
                 }
             }
         }

@@ -6,6 +6,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use tempo9_engine::{EngineConfig, EngineCore, Event, FinishReason, Request, RequestStream};
@@ -266,39 +267,51 @@ fn long_prefill_does_not_stall_decodes() {
     let Some((model, tok)) = smollm2() else {
         return;
     };
-    let mut eng = core(&model, &tok, 256 << 20);
-    let short = tok.encode(
-        "<|im_start|>user\nCount to ten.<|im_end|>\n<|im_start|>assistant\n",
-        true,
-        true,
-    );
-    let mut decoders: Vec<RequestStream> = (0..3)
-        .map(|_| eng.submit(greedy(short.clone(), 40)).unwrap())
-        .collect();
-    // Let them reach decoding.
-    eng.step().unwrap();
-    for s in &mut decoders {
-        assert!(matches!(s.try_recv(), Some(Event::Token(_))));
-    }
-    let long: Vec<u32> = (0..2000u32).map(|i| 100 + i % 5000).collect();
-    let mut big = eng.submit(greedy(long, 1)).unwrap();
-    let mut prefill_steps = 0;
-    loop {
+    // Without an ITL target the 2000-token prompt goes in chunks of up to 512; with
+    // a 1 ms target, once a step has measured the cost per token, in chunks of 64.
+    for (itl_target, steps) in [(None, 4..=5), (Some(Duration::from_millis(1)), 24..=40)] {
+        let cfg = EngineConfig {
+            threads: 2,
+            kv_budget_bytes: Some(256 << 20),
+            itl_target,
+            ..EngineConfig::default()
+        };
+        let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine");
+        let short = tok.encode(
+            "<|im_start|>user\nCount to ten.<|im_end|>\n<|im_start|>assistant\n",
+            true,
+            true,
+        );
+        let mut decoders: Vec<RequestStream> = (0..3)
+            .map(|_| eng.submit(greedy(short.clone(), 60)).unwrap())
+            .collect();
+        // Let them reach decoding.
         eng.step().unwrap();
-        prefill_steps += 1;
-        for (k, s) in decoders.iter_mut().enumerate() {
-            assert!(
-                matches!(s.try_recv(), Some(Event::Token(_))),
-                "decoder {k} got no token in prefill step {prefill_steps}"
-            );
+        for s in &mut decoders {
+            assert!(matches!(s.try_recv(), Some(Event::Token(_))));
         }
-        if let Some(Event::Token(_)) = big.try_recv() {
-            break;
+        let long: Vec<u32> = (0..2000u32).map(|i| 100 + i % 5000).collect();
+        let mut big = eng.submit(greedy(long, 1)).unwrap();
+        let mut prefill_steps = 0;
+        loop {
+            eng.step().unwrap();
+            prefill_steps += 1;
+            for (k, s) in decoders.iter_mut().enumerate() {
+                assert!(
+                    matches!(s.try_recv(), Some(Event::Token(_))),
+                    "decoder {k} got no token in prefill step {prefill_steps}"
+                );
+            }
+            if let Some(Event::Token(_)) = big.try_recv() {
+                break;
+            }
         }
+        assert!(
+            steps.contains(&prefill_steps),
+            "ITL target {itl_target:?}: prefill took {prefill_steps} steps, expected {steps:?}"
+        );
+        eng.run_until_idle().unwrap();
     }
-    // 2000 tokens in steps of at most 512 minus the three decodes.
-    assert!(prefill_steps >= 4, "prefill took {prefill_steps} steps");
-    eng.run_until_idle().unwrap();
 }
 
 #[test]
