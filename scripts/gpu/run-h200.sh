@@ -18,6 +18,12 @@
 #   prefix  prefix hit at a 10K-token shared prefix (bench --streams 1,8 --shared-prefix 10240)
 #   offload partial offload (--gpu-layers): greedy tokens vs CPU and vs the whole
 #           model on the GPU (135m, 0.5b), and 8B speed with half the layers on the GPU
+#   suite   the benchmark suite's agents-10k and prefix-hit scenarios against `tempo9
+#           serve --device cuda` on the 8B file, over HTTP like on the CPU (needs synth;
+#           the synthetic vocabulary merges only letter pairs, so prompt sizes are given
+#           at a third: ~3.4K "suite tokens" are ~10K tokens of this model, as the
+#           server-reported prompt tokens in the results show). Tempo9 only: the
+#           vendored llama.cpp source has no llama-server to build here
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -160,6 +166,19 @@ if has offload; then
         $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --gpu-layers $n --pp 512 --tg 32 --reps 1 \
             2>>"$out/run.log" | sed "s/^{/{\"gpu_layers\":$n,/" | tee -a "$out/results.jsonl"
     done
+fi
+
+if has suite; then
+    say suite
+    # The harness finds models by file name: serve the 8B file under the name it uses
+    # for its "qwen" key (chars-per-token calibration only; the server reports real counts).
+    mkdir -p "$work/models" "$out/suite"
+    ln -sf "$work/llama-8b-q4_k.gguf" "$work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    S="python3 $root/bench/suite/run.py --engines tempo9 --model qwen --models-dir $work/models
+       --tempo9 $T --tempo9-extra=--device=cuda --out-dir $out/suite"
+    note="H200, synthetic Llama-3.1-8B-shape Q4_K (random weights), Tempo9 on ggml's CUDA backend"
+    $S agents-10k --variant-tokens 3400 --rounds 2 --timeout-s 240 --note "$note" 2>&1 | tail -25
+    $S prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --note "$note" 2>&1 | tail -15
 fi
 
 if has pack; then
