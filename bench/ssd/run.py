@@ -21,7 +21,13 @@ Tempo9 with the same budget and --no-kv-ssd (recompute), Tempo9 with the default
 tokens, Tempo9's SSD counters from /metrics and each server's RSS.
 
 usage: python3 bench/ssd/run.py [--model smollm2] [--prefix-tokens 4000] [--fillers 2]
-                                [--kv-budget 200M] [--engines tempo9,llamacpp]
+                                [--filler-tokens N] [--kv-budget 200M] [--engines tempo9,llamacpp]
+                                [--configs ssd,nossd,ram] [--tag .NAME]
+
+A 15K prefix (Qwen2.5-Coder, 32K context) costs ~200 s per cold prefill on 2 cores:
+there, `--filler-tokens 4000 --configs ssd` keeps a run near 15 minutes (the
+restart step is then the prefix served wholly from the SSD tier, and "recomputed"
+is the cold step; llama.cpp recomputes on restart).
 """
 
 import argparse
@@ -79,7 +85,8 @@ def ask(srv, sys_text, q, label):
 
 def workload(start, model_path, a, name):
     p = prompts.system_prompt(a.prefix_tokens, prompts.cpt(a.model))
-    fillers = ["Session %d of another team.\n" % (i + 1) + prompts.system_prompt(a.prefix_tokens, prompts.cpt(a.model))
+    n_fill = a.filler_tokens or a.prefix_tokens
+    fillers = ["Session %d of another team.\n" % (i + 1) + prompts.system_prompt(n_fill, prompts.cpt(a.model))
                for i in range(a.fillers)]
     run = {"config": name, "requests": []}
     srv = start()
@@ -110,7 +117,12 @@ def main():
     ap.add_argument("--model", default="smollm2", choices=sorted(engines.MODELS))
     ap.add_argument("--prefix-tokens", type=int, default=4000)
     ap.add_argument("--fillers", type=int, default=2)
+    ap.add_argument("--filler-tokens", type=int, default=0, help="filler prompt size (default: --prefix-tokens)")
     ap.add_argument("--kv-budget", default="200M", help="Tempo9's tight RAM KV budget")
+    ap.add_argument("--configs", default="ssd,nossd,ram",
+                    help="Tempo9 configurations: ssd (tight budget + SSD tier), nossd (tight budget, "
+                         "recompute), ram (default budget)")
+    ap.add_argument("--tag", default="", help="suffix of the result files (e.g. .15k)")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--engines", default="tempo9,llamacpp")
     ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
@@ -125,12 +137,13 @@ def main():
     runs = []
     try:
         if "tempo9" in names:
-            configs = [
-                ("tempo9 SSD tier", ["--kv-budget", a.kv_budget, "--kv-ssd-dir", ssd_dir, "--kv-persist"]),
-                ("tempo9 no SSD", ["--kv-budget", a.kv_budget, "--no-kv-ssd"]),
-                ("tempo9 RAM (default)", ["--no-kv-ssd"]),
-            ]
-            for name, extra in configs:
+            configs = {
+                "ssd": ("tempo9 SSD tier", ["--kv-budget", a.kv_budget, "--kv-ssd-dir", ssd_dir, "--kv-persist"]),
+                "nossd": ("tempo9 no SSD", ["--kv-budget", a.kv_budget, "--no-kv-ssd"]),
+                "ram": ("tempo9 RAM (default)", ["--no-kv-ssd"]),
+            }
+            for key in a.configs.split(","):
+                name, extra = configs[key]
                 eng = engines.Tempo9(a.tempo9, extra=" ".join(extra))
                 print(name, flush=True)
                 runs.append(workload(lambda: eng.server(model_path, ctx=a.ctx), model_path, a, name))
@@ -143,12 +156,14 @@ def main():
         shutil.rmtree(ssd_dir, ignore_errors=True)
     date = datetime.date.today().isoformat()
     result = {"scenario": "ssd-tier", "command": "python3 bench/ssd/run.py " + " ".join(sys.argv[1:]),
-              "model": a.model, "prefix_tokens": a.prefix_tokens, "fillers": a.fillers, "kv_budget": a.kv_budget,
+              "model": a.model, "prefix_tokens": a.prefix_tokens, "fillers": a.fillers,
+              "filler_tokens": a.filler_tokens or a.prefix_tokens, "kv_budget": a.kv_budget, "ctx": a.ctx,
               "note": a.note, "wall_s": round(time.time() - t_start, 1), "load_avg": os.getloadavg(), "runs": runs}
-    out = os.path.join(REPO, "bench", "results", "%s-ssd-tier" % date)
+    out = os.path.join(REPO, "bench", "results", "%s-ssd-tier%s" % (date, a.tag))
     with open(out + ".json", "w") as f:
         json.dump(result, f, indent=1)
-    lines = ["# SSD tier: %d-token prefix, %s" % (a.prefix_tokens, a.model), "",
+    lines = ["# SSD tier: %d-token prefix, %s; %d filler(s) of %d tokens; Tempo9 KV budget %s" % (
+                 a.prefix_tokens, a.model, a.fillers, a.filler_tokens or a.prefix_tokens, a.kv_budget), "",
              "Command: `%s`  " % result["command"], "Load average at the end: %s  " % (result["load_avg"],),
              "Note: %s" % a.note if a.note else "", "",
              "| config | step | TTFT s | server prompt s | prompt tokens | cached tokens |", "|---|---|---|---|---|---|"]
