@@ -76,7 +76,9 @@ pub struct EngineConfig {
     /// Most requests waiting to be admitted; more are refused with
     /// [`SubmitError::QueueFull`].
     pub max_waiting: usize,
-    /// Most tokens in one step (decodes plus prompt chunks).
+    /// Prompt tokens in one step (each decoding request's token comes on top). A
+    /// prompt's last piece, which must not be split below [`CHUNK_ALIGN`] tokens, may
+    /// exceed what is left of it by less than [`CHUNK_ALIGN`].
     pub step_tokens: usize,
     /// While some requests are decoding, prompt chunks shrink (to no fewer than
     /// [`CHUNK_ALIGN`] tokens) so that a step takes about this long, measured from
