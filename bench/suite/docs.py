@@ -29,10 +29,11 @@ by `python3 bench/suite/docs.py` from the newest result of each scenario in
 `bench/results/`; the raw JSON beside each table holds every request, the
 command lines and the server's resolved settings.
 
-**Status: llama.cpp only.** Tempo9 has no HTTP server yet (issue 5), so the
-harness skips it and the tables below have no Tempo9 rows; they fill in when the
-server lands and the scenarios are re-run. Machine: 2 shared CPU cores, so
-absolute numbers drift between runs; compare engines within one run.
+Both engines are measured in every table. Machine: 2 shared CPU cores, so
+absolute numbers drift between runs; compare engines within one run. Tables
+tagged `(h200)` ran Tempo9 alone on the lent NVIDIA H200 (`scripts/gpu/run-h200.sh
+suite`). The SSD tier has its own harness (`bench/ssd/run.py`); its newest tables
+close this page.
 
 Models: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (`qwen`) and SmolLM2-135M-Instruct
 Q4_1 (`smollm2`), see `/work/shared/MODELS.md`.
@@ -53,6 +54,21 @@ def latest_all(scenario):
         if m:
             by_tag[m.group(2) or ""] = f
     return [by_tag[t] for t in sorted(by_tag)]
+
+
+def ssd_sections():
+    """The newest `bench/ssd/run.py` result of each tag, as its own summary table."""
+    out = []
+    for path in latest_all("ssd-tier"):
+        md = os.path.splitext(path)[0] + ".md"
+        if not os.path.exists(md):
+            continue
+        stem = os.path.splitext(os.path.relpath(path, os.path.dirname(DOC)))[0]
+        lines = open(md).read().rstrip().splitlines()
+        title = lines[0].lstrip("# ") if lines and lines[0].startswith("#") else "SSD tier"
+        out += ["## " + title, "", "Raw: [`%s.json`](%s.json)." % (os.path.basename(stem), stem), ""]
+        out += lines[1:] + [""]
+    return out
 
 
 def main():
@@ -91,6 +107,7 @@ def main():
             out += ["", "<details><summary>llama.cpp defaults in force</summary>", "", "```"] + dl + ["```", "",
                                                                                                    "</details>"]
         out.append("")
+    out += ssd_sections()
     missing = [x for x in SCENARIOS if x != "agents" and not latest(x)]
     if "agents" in done:
         missing = [x for x in missing if not x.startswith("agents-")]
