@@ -290,6 +290,16 @@ class Tempo9:
             raise EngineUnavailable("Tempo9 skipped: %s not found or not executable "
                                     "(cargo build --release; see README)" % binary)
         self.sub = self._detect()
+        self._check_tree()
+
+    def _check_tree(self):
+        # The cargo target dir may be shared between checkouts (~/.cache/tempo9): a
+        # binary built from another tree would be measured under this tree's name.
+        v = self._help(["--version"])
+        m = re.search(r"built from (\S+?)/crates/cli\)", v)
+        if m and os.path.realpath(m.group(1)) != os.path.realpath(REPO):
+            raise SystemExit("%s was built from %s, not this checkout (%s): rebuild it here "
+                             "(touch crates/*/src/*.rs && cargo build --release)" % (self.binary, m.group(1), REPO))
 
     def _help(self, args):
         try:

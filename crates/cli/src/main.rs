@@ -23,7 +23,9 @@ use tempo9_models::{LoadOptions, Model};
 #[derive(Parser)]
 #[command(
     name = "tempo9",
-    version,
+    // The source tree in the version: benchmarks check that the binary they run was
+    // built from their checkout (a shared target dir can hold another tree's build).
+    version = concat!(env!("CARGO_PKG_VERSION"), " (built from ", env!("CARGO_MANIFEST_DIR"), ")"),
     about,
     after_help = "Without a command, `tempo9 --gguf PATH …` serves (see `tempo9 serve --help`)."
 )]

@@ -555,6 +555,9 @@ pub struct Scheduler {
     ptr: NonNull<sys::ggml_backend_sched>,
     // Declared after `ptr` so the scheduler is freed before the backends it uses.
     backends: Vec<Backend>,
+    /// Graph size (nodes plus leafs) the scheduler's tables hold.
+    capacity: usize,
+    debug_dump: bool,
 }
 
 // SAFETY: owned by the engine thread; moved, never shared.
@@ -562,8 +565,23 @@ unsafe impl Send for Scheduler {}
 
 impl Scheduler {
     /// A scheduler over `backends` in priority order; the last one must be the CPU.
-    pub fn new(backends: Vec<Backend>, max_nodes: usize) -> Result<Scheduler, GgmlError> {
+    ///
+    /// `capacity` bounds a graph's nodes plus leafs; [`Scheduler::reserve`] grows it.
+    pub fn new(backends: Vec<Backend>, capacity: usize) -> Result<Scheduler, GgmlError> {
         assert!(!backends.is_empty());
+        let ptr = Self::create(&backends, capacity)?;
+        Ok(Scheduler {
+            ptr,
+            backends,
+            capacity,
+            debug_dump: false,
+        })
+    }
+
+    fn create(
+        backends: &[Backend],
+        capacity: usize,
+    ) -> Result<NonNull<sys::ggml_backend_sched>, GgmlError> {
         let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.ptr.as_ptr()).collect();
         // SAFETY: live backends; default buffer types (null); op offload on.
         let p = unsafe {
@@ -571,13 +589,39 @@ impl Scheduler {
                 raw.as_mut_ptr(),
                 std::ptr::null_mut(),
                 raw.len() as c_int,
-                max_nodes,
+                capacity,
                 false,
                 true,
             )
         };
-        let ptr = NonNull::new(p).ok_or_else(|| GgmlError::BackendInit("scheduler".into()))?;
-        Ok(Scheduler { ptr, backends })
+        NonNull::new(p).ok_or_else(|| GgmlError::BackendInit("scheduler".into()))
+    }
+
+    /// Makes room for graphs of up to `size` nodes plus leafs, replacing the
+    /// scheduler with a larger one (capacity doubled) when needed; its compute
+    /// buffers are then allocated again by the next [`Scheduler::alloc`].
+    ///
+    /// Why not one large scheduler: ggml clears tables sized by the capacity on
+    /// every step (~2.6 MB at 2^17 nodes with two backends), a cost each decode step
+    /// pays although most graphs have a few thousand nodes.
+    pub fn reserve(&mut self, size: usize) -> Result<(), GgmlError> {
+        if size <= self.capacity {
+            return Ok(());
+        }
+        let capacity = size.next_power_of_two();
+        let ptr = Self::create(&self.backends, capacity)?;
+        // SAFETY: we own the old scheduler and no graph allocated by it is in use.
+        unsafe { sys::ggml_backend_sched_free(self.ptr.as_ptr()) };
+        self.ptr = ptr;
+        self.capacity = capacity;
+        let dump = self.debug_dump;
+        self.set_debug_dump(dump);
+        Ok(())
+    }
+
+    /// Graph size (nodes plus leafs) the scheduler holds now.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// The backends, in priority order.
@@ -641,6 +685,7 @@ impl Scheduler {
             }
             true
         }
+        self.debug_dump = on;
         // SAFETY: plain function pointer, no user data.
         unsafe {
             sys::ggml_backend_sched_set_eval_callback(

@@ -186,7 +186,9 @@ impl<'a> Builder<'a> {
         scale: f32,
     ) -> Tensor<'a> {
         let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
-        let k_rows = ctx.reshape(k, &[hp.n_embd_k() as i64, n_t]);
+        // A view, not a reshape, of the (roped, contiguous) K: ggml-cuda fuses
+        // rope → view → set_rows into one kernel (a reshape breaks the pattern).
+        let k_rows = ctx.view(k, &[hp.n_embd_k() as i64, n_t], &[k.nb()[2]], 0);
         let v_rows = ctx.reshape(v, &[hp.n_embd_v() as i64, n_t]);
         // Write first (and make the reads below depend on the writes).
         let k_all = ctx.set_rows(self.kv.k(il), k_rows, self.inp.slots);

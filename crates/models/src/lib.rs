@@ -138,7 +138,7 @@ impl Executor {
         let cpu = Backend::new(Device::cpu())?;
         cpu.set_threads(threads);
         backends.push(cpu);
-        let mut sched = Scheduler::new(backends, MAX_NODES)?;
+        let mut sched = Scheduler::new(backends, INITIAL_SCHED_SIZE)?;
         // TEMPO9_DUMP_TENSORS=1 prints every node's sum, to compare with llama-eval-callback.
         sched.set_debug_dump(std::env::var_os("TEMPO9_DUMP_TENSORS").is_some());
         Ok(Executor { sched })
@@ -153,6 +153,10 @@ impl Executor {
 /// Graph size limit: per-sequence attention makes graphs grow with the number of
 /// sequences in a step (≈ 30 layers × 64 sequences × 20 ops).
 const MAX_NODES: usize = 1 << 17;
+
+/// The scheduler's first capacity (nodes plus leafs): a decode step of one sequence
+/// of a 32-layer model fits; larger steps grow it (see `Scheduler::reserve`).
+const INITIAL_SCHED_SIZE: usize = 1 << 13;
 
 /// Options for loading a model.
 pub struct LoadOptions<'p> {
@@ -388,6 +392,9 @@ impl Model {
         logits.set_output();
         b.graph.expand(logits);
         let Builder { graph, inp, .. } = b;
+        // Nodes (at most `nodes`, the graph's capacity) plus leafs (weights, inputs;
+        // fewer than the nodes): ggml's scheduler tables hold both.
+        exec.sched.reserve(2 * nodes)?;
         exec.sched.alloc(&graph)?;
         let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
         inp.tokens.write(&toks)?;
