@@ -32,7 +32,9 @@ command lines and the server's resolved settings.
 Both engines are measured in every table. Machine: 2 shared CPU cores, so
 absolute numbers drift between runs; compare engines within one run. Tables
 tagged `(h200)` ran Tempo9 alone on the lent NVIDIA H200 (`scripts/gpu/run-h200.sh
-suite`). The SSD tier has its own harness (`bench/ssd/run.py`); its newest tables
+suite`). The SSD tier has its own harnesses (`bench/ssd/run.py`: a long prefix
+evicted and read back; `bench/ssd/agents.py`: many agents through a small RAM
+budget); their newest tables
 close this page.
 
 Models: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (`qwen`) and SmolLM2-135M-Instruct
@@ -57,9 +59,10 @@ def latest_all(scenario):
 
 
 def ssd_sections():
-    """The newest `bench/ssd/run.py` result of each tag, as its own summary table."""
+    """The newest `bench/ssd/run.py` (ssd-tier) and `bench/ssd/agents.py` (ssd-agents)
+    result of each tag, as its own summary table."""
     out = []
-    for path in latest_all("ssd-tier"):
+    for path in latest_all("ssd-tier") + latest_all("ssd-agents"):
         md = os.path.splitext(path)[0] + ".md"
         if not os.path.exists(md):
             continue

@@ -369,6 +369,8 @@ pub struct EngineCore {
     /// Seconds per computed token in recent steps of at least [`CHUNK_ALIGN`] tokens
     /// (moving average), for [`EngineConfig::itl_target`].
     token_cost_s: Option<f64>,
+    /// Largest compute-buffer size logged so far (the buffers only grow).
+    compute_bytes_logged: usize,
 }
 
 impl EngineCore {
@@ -431,6 +433,7 @@ impl EngineCore {
             model,
             tok,
             exec,
+            compute_bytes_logged: 0,
             kv,
             pool,
             ssd,
@@ -637,6 +640,16 @@ impl EngineCore {
         if batch.tokens.len() >= CHUNK_ALIGN {
             let cost = t0.elapsed().as_secs_f64() / batch.tokens.len() as f64;
             self.token_cost_s = Some(self.token_cost_s.map_or(cost, |c| 0.5 * c + 0.5 * cost));
+        }
+        let compute_bytes = self.exec.compute_bytes();
+        if compute_bytes > self.compute_bytes_logged {
+            self.compute_bytes_logged = compute_bytes;
+            tracing::info!(
+                mib = compute_bytes >> 20,
+                step_tokens = batch.tokens.len(),
+                sequences = batch.seqs.len(),
+                "compute buffers grew"
+            );
         }
         self.after_step(&work, &mut logits);
         Ok(true)
