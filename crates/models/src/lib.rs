@@ -374,6 +374,7 @@ impl Model {
                 .collect(),
             out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
             n_tokens: n_t,
+            window_rows: Vec::new(),
         };
         let graph = ctx.new_graph(nodes);
         let mut b = Builder {
@@ -413,6 +414,9 @@ impl Model {
             }
         }
         inp.out_ids.write(&batch.output_rows)?;
+        for (t, rows) in &inp.window_rows {
+            t.write(rows)?;
+        }
         exec.sched.compute(&graph)?;
         let mut out = vec![0f32; n_out * self.hp.n_vocab];
         logits.read_f32(0, &mut out)?;
