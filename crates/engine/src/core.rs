@@ -369,7 +369,8 @@ pub struct EngineCore {
     /// Seconds per computed token in recent steps of at least [`CHUNK_ALIGN`] tokens
     /// (moving average), for [`EngineConfig::itl_target`].
     token_cost_s: Option<f64>,
-    /// Largest compute-buffer size logged so far (the buffers only grow).
+    /// Compute-buffer size last logged (the buffers only grow; logged again when a
+    /// quarter larger, so small steps of growth do not flood the log).
     compute_bytes_logged: usize,
 }
 
@@ -642,7 +643,7 @@ impl EngineCore {
             self.token_cost_s = Some(self.token_cost_s.map_or(cost, |c| 0.5 * c + 0.5 * cost));
         }
         let compute_bytes = self.exec.compute_bytes();
-        if compute_bytes > self.compute_bytes_logged {
+        if compute_bytes > self.compute_bytes_logged + self.compute_bytes_logged / 4 {
             self.compute_bytes_logged = compute_bytes;
             tracing::info!(
                 mib = compute_bytes >> 20,
