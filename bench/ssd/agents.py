@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 import engines  # noqa: E402
 import prompts  # noqa: E402
 from client import chat  # noqa: E402
-from run import metrics  # noqa: E402
+from run import metrics, model_path  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 QUESTIONS = ["Which file would you open first, and why?",
@@ -56,8 +56,8 @@ def histories(a):
             for i in range(a.agents)]
 
 
-def workload(srv, model_path, a):
-    run = {"memory_start": srv.memory(model_path), "turns": []}
+def workload(srv, model_file, a):
+    run = {"memory_start": srv.memory(model_file), "turns": []}
     convs = [[{"role": "system", "content": h}] for h in histories(a)]
     peak = 0
     for t in range(a.turns):
@@ -70,13 +70,13 @@ def workload(srv, model_path, a):
             conv.append({"role": "assistant", "content": r["text"]})
             recs.append({"agent": i, "ttft_s": r["ttft_s"], "prompt_tokens": r["prompt_tokens"],
                          "cached_tokens": r["cached_tokens"], "text": r["text"]})
-            peak = max(peak, srv.memory(model_path).get("VmHWM", 0))
+            peak = max(peak, srv.memory(model_file).get("VmHWM", 0))
         print("  %-12s turn %d: TTFT median %.2f s, prompt %d-%d, cached %d of %d" % (
             srv.name, t + 1, statistics.median(x["ttft_s"] for x in recs),
             min(x["prompt_tokens"] for x in recs), max(x["prompt_tokens"] for x in recs),
             sum(x["cached_tokens"] or 0 for x in recs), sum(x["prompt_tokens"] for x in recs)), flush=True)
         run["turns"].append(recs)
-    run["memory_end"] = srv.memory(model_path)
+    run["memory_end"] = srv.memory(model_file)
     run["peak_rss"] = max(peak, run["memory_end"].get("VmHWM", 0))
     run["metrics"] = metrics(srv.base)
     return run
@@ -95,9 +95,7 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
     a = ap.parse_args()
-    model_path = engines.MODELS[a.model]
-    if not os.path.isabs(model_path):
-        model_path = os.path.join(os.path.expanduser("~/.cache/tempo9/models"), model_path)
+    model_file = model_path(a.model)
     ssd_dir = tempfile.mkdtemp(prefix="tempo9-ssd-agents-")
     extra = {"unlimited": ["--no-kv-ssd"],
              "ssd": ["--kv-budget", a.kv_budget, "--kv-ssd-dir", ssd_dir],
@@ -107,10 +105,10 @@ def main():
     try:
         for key in a.configs.split(","):
             eng = engines.Tempo9(a.tempo9, extra=" ".join(extra[key]))
-            srv = eng.server(model_path, ctx=a.ctx)
+            srv = eng.server(model_file, ctx=a.ctx)
             srv.name = key
             try:
-                runs[key] = workload(srv, model_path, a)
+                runs[key] = workload(srv, model_file, a)
                 runs[key]["cmd"] = srv.cmd
             finally:
                 srv.stop()

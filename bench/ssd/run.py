@@ -53,6 +53,12 @@ QUESTIONS = ["Summarize the project layout in one sentence.",
              "Name one risk of changing the public API."]
 
 
+def model_path(key):
+    """The GGUF file of a bench model key (`engines.MODELS`), under ~/.cache/tempo9/models."""
+    path = engines.MODELS[key]
+    return path if os.path.isabs(path) else os.path.join(os.path.expanduser("~/.cache/tempo9/models"), path)
+
+
 def metrics(base):
     """Tempo9's KV tier counters from /metrics (name -> value)."""
     try:
@@ -83,7 +89,7 @@ def ask(srv, sys_text, q, label):
     return rec
 
 
-def workload(start, model_path, a, name):
+def workload(start, model_file, a, name):
     p = prompts.system_prompt(a.prefix_tokens, prompts.cpt(a.model))
     n_fill = a.filler_tokens or a.prefix_tokens
     fillers = ["Session %d of another team.\n" % (i + 1) + prompts.system_prompt(n_fill, prompts.cpt(a.model))
@@ -98,7 +104,7 @@ def workload(start, model_path, a, name):
             run["requests"].append(ask(srv, f, QUESTIONS[0], "filler%d" % (i + 1)))
         run["requests"].append(ask(srv, p, QUESTIONS[1], "evicted"))
         run["metrics_before_restart"] = metrics(srv.base)
-        run["memory_before_restart"] = srv.memory(model_path)
+        run["memory_before_restart"] = srv.memory(model_file)
     finally:
         srv.stop()
     srv = start()
@@ -106,7 +112,7 @@ def workload(start, model_path, a, name):
     try:
         run["requests"].append(ask(srv, p, QUESTIONS[2], "restart"))
         run["metrics_after_restart"] = metrics(srv.base)
-        run["memory_after_restart"] = srv.memory(model_path)
+        run["memory_after_restart"] = srv.memory(model_file)
     finally:
         srv.stop()
     return run
@@ -128,9 +134,7 @@ def main():
     ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
     ap.add_argument("--note", default="")
     a = ap.parse_args()
-    model_path = engines.MODELS[a.model]
-    if not os.path.isabs(model_path):
-        model_path = os.path.join(os.path.expanduser("~/.cache/tempo9/models"), model_path)
+    model_file = model_path(a.model)
     names = a.engines.split(",")
     ssd_dir = tempfile.mkdtemp(prefix="tempo9-ssd-bench-")
     t_start = time.time()
@@ -146,11 +150,11 @@ def main():
                 name, extra = configs[key]
                 eng = engines.Tempo9(a.tempo9, extra=" ".join(extra))
                 print(name, flush=True)
-                runs.append(workload(lambda: eng.server(model_path, ctx=a.ctx), model_path, a, name))
+                runs.append(workload(lambda: eng.server(model_file, ctx=a.ctx), model_file, a, name))
         if "llamacpp" in names:
             eng = engines.LlamaCpp()
             print("llama.cpp", flush=True)
-            runs.append(workload(lambda: eng.server(model_path, ctx=a.ctx, parallel=1), model_path, a,
+            runs.append(workload(lambda: eng.server(model_file, ctx=a.ctx, parallel=1), model_file, a,
                                  "llama.cpp (-np 1, cache-ram)"))
     finally:
         shutil.rmtree(ssd_dir, ignore_errors=True)

@@ -619,11 +619,6 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Graph size (nodes plus leafs) the scheduler holds now.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// The backends, in priority order.
     pub fn backends(&self) -> &[Backend] {
         &self.backends
