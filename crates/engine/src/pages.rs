@@ -416,8 +416,8 @@ impl Store {
     }
 
     /// Where a new run of pages should start: in the longest stretch of free pages,
-    /// at its start when nothing precedes it, else in its middle, leaving the first
-    /// half to the run that ends just before (it may still grow). O(pages); called
+    /// at its start when nothing precedes it, else near its middle, leaving the
+    /// first part to the run that ends just before (it may still grow). O(pages); called
     /// only when a sequence cannot continue its current run.
     fn roomiest_free_page(&self) -> Option<PageId> {
         if self.free.is_empty() {
@@ -439,11 +439,21 @@ impl Store {
                 (best_start, best_len) = (start, i - start);
             }
         }
-        let p = if best_start == 0 {
-            0
-        } else {
-            best_start + best_len / 2
-        };
+        if best_start == 0 {
+            return Some(0);
+        }
+        // The most aligned page of the stretch's middle half: sequences then start
+        // on a coarse power-of-two grid, so the model can read the windows of many
+        // decoding sequences as one strided view (equal distances between starts).
+        let (lo, hi) = (
+            best_start + best_len / 4,
+            best_start + best_len - best_len / 4,
+        );
+        let p = (0..usize::BITS - 1)
+            .rev()
+            .filter_map(|k| lo.checked_next_multiple_of(1 << k))
+            .find(|&p| p < hi)
+            .unwrap_or(best_start + best_len / 2);
         Some(p as PageId)
     }
 
@@ -1104,6 +1114,19 @@ mod tests {
 
     fn seq_tokens(start: u32, n: usize) -> Vec<TokenId> {
         (start..start + n as u32).collect()
+    }
+
+    /// New runs start at the most aligned page of the roomiest stretch's middle, so
+    /// the starts of concurrent sequences are equally spaced (see the model's
+    /// strided attention).
+    #[test]
+    fn new_runs_start_on_a_power_of_two_grid() {
+        let mut pool = PagePool::new(64, 16);
+        for seq in 0..4 {
+            prefill(&mut pool, seq, &seq_tokens(seq as u32 * 1000, 16), 0);
+        }
+        let starts: Vec<PageId> = (0..4).map(|s| pool.page_table(s).unwrap()[0]).collect();
+        assert_eq!(starts, vec![0, 32, 16, 48]);
     }
 
     #[test]

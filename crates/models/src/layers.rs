@@ -12,7 +12,9 @@ pub(crate) struct Inputs<'a> {
     pub tokens: Tensor<'a>,
     pub pos: Tensor<'a>,
     pub slots: Tensor<'a>,
-    pub seqs: Vec<SeqInputs<'a>>,
+    pub seqs: Vec<SeqInputs>,
+    /// The step's attention ops (see [`crate::attn`]).
+    pub attn: Vec<AttnInputs<'a>>,
     pub out_ids: Tensor<'a>,
     pub n_tokens: usize,
     /// Row indices (into an assembled attention window) with their values: one
@@ -20,14 +22,31 @@ pub(crate) struct Inputs<'a> {
     pub window_rows: Vec<(Tensor<'a>, Vec<i64>)>,
 }
 
-/// One sequence's attention inputs.
+/// One sequence's token rows.
 #[derive(Clone)]
-pub(crate) struct SeqInputs<'a> {
+pub(crate) struct SeqInputs {
     pub row_start: usize,
     pub n_rows: usize,
-    pub window: Vec<CellRun>,
+}
+
+/// One attention op's inputs (see [`crate::attn::AttnOp`]).
+#[derive(Clone)]
+pub(crate) struct AttnInputs<'a> {
+    pub row_start: usize,
+    pub n_rows: usize,
+    pub runs: Vec<CellRun>,
     pub mask: Tensor<'a>,
     pub mask_swa: Option<Tensor<'a>>,
+    pub strided: Option<StridedInputs<'a>>,
+}
+
+/// A strided op's layout (see [`crate::attn::Strided`]): the region stride in
+/// cells and the two row maps as I32 inputs.
+#[derive(Clone)]
+pub(crate) struct StridedInputs<'a> {
+    pub stride: usize,
+    pub q_rows: Tensor<'a>,
+    pub regions: Tensor<'a>,
 }
 
 /// Everything an architecture needs to build one step's graph.
@@ -175,11 +194,8 @@ impl<'a> Builder<'a> {
     }
 
     /// Writes this step's K/V (`[dim, n_head_kv, n_tokens]`) into layer `il`'s pool, then
-    /// attends each sequence's queries (`q`: `[dim, n_head, n_tokens]`) over its own KV
-    /// window with its own mask. Returns `[n_head * dim_v, n_tokens]`.
-    ///
-    /// One attention op per sequence keeps a sequence's arithmetic identical whatever
-    /// else shares the step (ggml picks kernels by query count and window length).
+    /// attends the queries (`q`: `[dim, n_head, n_tokens]`) op by op as planned in
+    /// [`crate::attn`], each row over its own cells. Returns `[n_head * dim_v, n_tokens]`.
     pub fn attention(
         &mut self,
         il: usize,
@@ -199,23 +215,27 @@ impl<'a> Builder<'a> {
         self.graph.expand(k_all);
         self.graph.expand(v_all);
         let q_nb = q.nb();
-        let mut outs: Vec<Tensor<'a>> = Vec::with_capacity(self.inp.seqs.len());
-        let seqs: Vec<SeqInputs<'a>> = self.inp.seqs.clone();
-        for s in &seqs {
-            let rows = s.n_rows as i64;
+        let mut outs: Vec<Tensor<'a>> = Vec::with_capacity(self.inp.attn.len());
+        let ops: Vec<AttnInputs<'a>> = self.inp.attn.clone();
+        for op in &ops {
+            if let Some(st) = &op.strided {
+                outs.push(self.strided_attention(il, q, k_all, v_all, op, st, scale));
+                continue;
+            }
+            let rows = op.n_rows as i64;
             let qs = ctx.view(
                 q,
                 &[hp.head_dim as i64, hp.n_head as i64, rows],
                 &[q_nb[1], q_nb[2]],
-                s.row_start * q_nb[2],
+                op.row_start * q_nb[2],
             );
-            let ks = self.window(k_all, &s.window);
-            let vs = self.window(v_all, &s.window);
+            let ks = self.window(k_all, &op.runs);
+            let vs = self.window(v_all, &op.runs);
             let ks = ctx.reshape(ks, &[hp.head_dim as i64, hp.n_head_kv as i64, ks.ne()[1]]);
             let vs = ctx.reshape(vs, &[hp.head_dim_v as i64, hp.n_head_kv as i64, vs.ne()[1]]);
-            let mask = match (hp.is_swa[il], s.mask_swa) {
+            let mask = match (hp.is_swa[il], op.mask_swa) {
                 (true, Some(m)) => m,
-                _ => s.mask,
+                _ => op.mask,
             };
             let q = ctx.permute(qs, [0, 2, 1, 3]);
             let k = ctx.permute(ks, [0, 2, 1, 3]);
@@ -224,6 +244,52 @@ impl<'a> Builder<'a> {
         }
         let out = self.concat_all(outs, 2);
         ctx.reshape(out, &[(hp.n_head * hp.head_dim_v) as i64, n_t])
+    }
+
+    /// Decode rows attending in one op over equally spaced regions of the pools
+    /// (see [`crate::attn`]): their queries gathered into region order, K and V as
+    /// 4-D views whose last dimension steps by the stride, the outputs gathered
+    /// back into row order. Returns `[dim_v, n_head, rows]`.
+    #[allow(clippy::too_many_arguments)]
+    fn strided_attention(
+        &self,
+        il: usize,
+        q: Tensor<'a>,
+        k_all: Tensor<'a>,
+        v_all: Tensor<'a>,
+        op: &AttnInputs<'a>,
+        st: &StridedInputs<'a>,
+        scale: f32,
+    ) -> Tensor<'a> {
+        let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
+        let (first, width) = (op.runs[0].start, op.runs[0].len as i64);
+        let n_regions = st.q_rows.ne()[0];
+        let (hd, n_head) = (hp.head_dim as i64, hp.n_head as i64);
+        let q2 = ctx.reshape(q, &[hd * n_head, n_t]);
+        let qr = ctx.get_rows(q2, st.q_rows); // [hd * n_head, regions]
+        let qr = ctx.reshape(qr, &[hd, n_head, 1, n_regions]);
+        let regions = |pool: Tensor<'a>, dim: usize| {
+            let row = pool.nb()[1];
+            let v = ctx.view(
+                pool,
+                &[dim as i64, hp.n_head_kv as i64, width, n_regions],
+                &[dim * pool.nb()[0], row, st.stride * row],
+                first * row,
+            );
+            ctx.permute(v, [0, 2, 1, 3]) // [dim, width, n_head_kv, regions]
+        };
+        let k = regions(k_all, hp.head_dim);
+        let v = regions(v_all, hp.head_dim_v);
+        let mask = match (hp.is_swa[il], op.mask_swa) {
+            (true, Some(m)) => m,
+            _ => op.mask,
+        };
+        let q = ctx.permute(qr, [0, 2, 1, 3]); // [hd, 1, n_head, regions]
+        let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, 1, regions]
+        let dv = hp.head_dim_v as i64;
+        let o = ctx.reshape(o, &[dv * n_head, n_regions]);
+        let o = ctx.get_rows(o, st.regions); // [dim_v * n_head, rows]
+        ctx.reshape(o, &[dv, n_head, op.n_rows as i64])
     }
 
     /// A sequence's attention window `[row, n_kv]` over a pool `[row, n_cells]`: a

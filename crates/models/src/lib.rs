@@ -7,6 +7,7 @@
 //! which cells each token sees. It returns logits only for the rows asked for.
 
 mod arch;
+mod attn;
 pub mod hparams;
 pub mod kv;
 mod layers;
@@ -20,7 +21,7 @@ use tempo9_gguf::{GgufError, GgufFile};
 
 pub use hparams::{Arch, HParams};
 pub use kv::{KvStore, MaskBuilder};
-use layers::{Builder, Inputs, SeqInputs};
+use layers::{AttnInputs, Builder, Inputs, SeqInputs, StridedInputs};
 use weights::{Offload, SpecList, Weights};
 
 /// Errors from loading or running a model.
@@ -354,9 +355,11 @@ impl Model {
             )));
         }
         let ctx = Context::new(nodes * 2, nodes)?;
-        let mask_input = |name: &str, s: &SeqSpan| {
-            ctx.new_input(name, DType::F16, &[s.n_kv() as i64, s.n_rows as i64])
-        };
+        let cpu = self.device.kind() == DeviceKind::Cpu;
+        let ops = attn::plan(batch, kv.n_cells(), cpu);
+        let mask_input =
+            |name: &str, op: &attn::AttnOp<'_>| ctx.new_input(name, DType::F16, &op.mask_shape());
+        let index_input = |name: &str, n: usize| ctx.new_input(name, DType::I32, &[n as i64]);
         let inp = Inputs {
             tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
             pos: ctx.new_input("inp_pos", DType::I32, &[n_t as i64]),
@@ -367,9 +370,21 @@ impl Model {
                 .map(|s| SeqInputs {
                     row_start: s.row_start,
                     n_rows: s.n_rows,
-                    window: s.window.clone(),
-                    mask: mask_input("inp_mask", s),
-                    mask_swa: s.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", s)),
+                })
+                .collect(),
+            attn: ops
+                .iter()
+                .map(|op| AttnInputs {
+                    row_start: op.row_start,
+                    n_rows: op.n_rows,
+                    runs: op.runs.clone(),
+                    mask: mask_input("inp_mask", op),
+                    mask_swa: op.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", op)),
+                    strided: op.strided.as_ref().map(|st| StridedInputs {
+                        stride: st.stride,
+                        q_rows: index_input("inp_attn_q_rows", st.q_rows.len()),
+                        regions: index_input("inp_attn_regions", st.regions.len()),
+                    }),
                 })
                 .collect(),
             out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
@@ -384,7 +399,7 @@ impl Model {
             kv,
             hp: &self.hp,
             inp,
-            cpu: self.device.kind() == DeviceKind::Cpu,
+            cpu,
         };
         let logits: Tensor<'_> = match &self.graphs {
             Graphs::Llama(g) => g.build(&mut b),
@@ -401,16 +416,20 @@ impl Model {
         inp.tokens.write(&toks)?;
         inp.pos.write(&batch.positions)?;
         inp.slots.write(&batch.kv_slots)?;
-        for (t, s) in inp.seqs.iter().zip(&batch.seqs) {
+        for (t, op) in inp.attn.iter().zip(&ops) {
             // A mask no layer reads (e.g. full attention in a model whose every layer
             // slides) is not allocated.
             if t.mask.is_allocated() {
-                t.mask.write(&s.mask)?;
+                t.mask.write(&op.mask)?;
             }
-            if let (Some(t), Some(m)) = (t.mask_swa, &s.mask_swa) {
+            if let (Some(t), Some(m)) = (t.mask_swa, &op.mask_swa) {
                 if t.is_allocated() {
                     t.write(m)?;
                 }
+            }
+            if let (Some(t), Some(st)) = (&t.strided, &op.strided) {
+                t.q_rows.write(&st.q_rows)?;
+                t.regions.write(&st.regions)?;
             }
         }
         inp.out_ids.write(&batch.output_rows)?;

@@ -248,6 +248,75 @@ fn masked_stale_cells_do_not_matter() {
     );
 }
 
+/// One decode row per `(token, position, window)`, in one step; returns each row's
+/// logits. The token's K/V goes to the window's cell at its position.
+fn decode_step(
+    model: &Model,
+    kv: &tempo9_models::KvStore,
+    rows: &[(u32, usize, Vec<CellRun>)],
+) -> Vec<Vec<f32>> {
+    let mut exec = tempo9_models::Executor::new(Device::cpu(), 2).unwrap();
+    let mut b = StepBatch::default();
+    for (i, (tok, pos, window)) in rows.iter().enumerate() {
+        let cells: Vec<usize> = window
+            .iter()
+            .flat_map(|r| r.start..r.start + r.len)
+            .collect();
+        let mut mask = MaskBuilder::new(cells.len(), 1);
+        mask.allow_prefix(0, *pos as i32, None);
+        b.tokens.push(*tok);
+        b.positions.push(*pos as i32);
+        b.kv_slots.push(cells[*pos] as i64);
+        b.seqs.push(SeqSpan {
+            row_start: i,
+            n_rows: 1,
+            window: window.clone(),
+            mask: mask.into_data(),
+            mask_swa: None,
+        });
+    }
+    b.output_rows = (0..rows.len() as i32).collect();
+    let l = model.forward(&mut exec, kv, &b).unwrap();
+    l.chunks(VOCAB).map(|c| c.to_vec()).collect()
+}
+
+/// Decode rows that share one strided attention op compute bit for bit what each
+/// computes alone; so do rows that keep their own op (a long one, one whose cells
+/// do not ascend) in a batch.
+#[test]
+fn decode_rows_batched_equal_alone() {
+    let model = load(tiny_llama(|_| {}, None)).expect("load");
+    let run = |start, len| CellRun { start, len };
+    let prompt = |n: usize, seed: u32| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i * 7 + seed * 13) % VOCAB as u32)
+            .collect()
+    };
+    // The first two start on a grid of 2048 cells (one strided op); the third is
+    // too long (its own op, ggml's KV-split kernel), the last one's cells do not
+    // ascend (its own op).
+    let seqs = [
+        (prompt(5, 1), vec![run(0, 16)]),
+        (prompt(3, 3), vec![run(2048, 16)]),
+        (prompt(600, 2), vec![run(1024, 640)]),
+        (prompt(7, 4), vec![run(3000, 4), run(2980, 12)]),
+    ];
+    let kv = model.new_kv(4096).unwrap();
+    for (p, w) in &seqs {
+        step_on(&model, &kv, &[p], std::slice::from_ref(w));
+    }
+    let rows: Vec<(u32, usize, Vec<CellRun>)> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, (p, w))| (i as u32 + 1, p.len(), w.clone()))
+        .collect();
+    let together = decode_step(&model, &kv, &rows);
+    for (i, r) in rows.iter().enumerate() {
+        let alone = decode_step(&model, &kv, std::slice::from_ref(r));
+        assert_eq!(alone[0], together[i], "decode row {i} changed by batching");
+    }
+}
+
 #[test]
 fn tiny_llama_runs_and_sequences_are_isolated() {
     let model = load(tiny_llama(|_| {}, None)).expect("load");

@@ -1,0 +1,367 @@
+//! Which attention ops a step needs: the plan that maps a [`StepBatch`]'s sequences
+//! onto flash-attention calls.
+//!
+//! Every sequence's numbers must not depend on what else shares the step, and
+//! ggml's CPU flash attention picks its kernel by shape: the tiled kernel from 64
+//! query rows; for a single query row over 512 or more cells alone in its op, a
+//! kernel that splits the cells between threads (llama.cpp's single-sequence
+//! decode, which the parity fixtures record); otherwise one pass per query row that
+//! visits cells in order and skips masked ones without touching them. So on the CPU:
+//! - a prompt chunk, and a decode row over 512 or more cells, attends alone over
+//!   its own window (its kernel depends only on its own shape);
+//! - shorter decode rows take the one-pass kernel whether alone or not, so those
+//!   whose windows start on a common grid (the page pool places sequences on a
+//!   power-of-two grid) share one op over a strided view of the pool: region `j`
+//!   starts `j * stride` cells after the first and is read by one row, masked to
+//!   its own cells, so the row visits exactly the cells, in exactly the order, that
+//!   its own window would. One op instead of one per sequence plus the concats
+//!   joining them: fewer nodes, so fewer thread barriers per step (+4-8 % decode
+//!   throughput at 8-16 short streams on two cores).
+//!
+//! GPU kernels compute masked cells too, and their numbers are compared to a
+//! tolerance, so there every sequence keeps its own op.
+
+use std::borrow::Cow;
+
+use crate::{CellRun, StepBatch};
+
+/// From this many cells, a single query row alone in its op takes the KV-split
+/// kernel; such rows keep their own op.
+const FA_SPLIT_KV_MIN: usize = 512;
+
+/// A strided op scans `regions × width` mask cells; it is used while that is at
+/// most this factor times the cells its rows see, plus [`GROUP_SLACK_CELLS`] (a
+/// masked cell costs one F16 compare, a visible one a dot product and an update).
+const GROUP_SCAN_FACTOR: usize = 2;
+
+/// See [`GROUP_SCAN_FACTOR`].
+const GROUP_SLACK_CELLS: usize = 4096;
+
+const NEG_INF_F16: u16 = 0xFC00;
+
+/// One flash-attention op of a step.
+#[derive(Debug)]
+pub(crate) struct AttnOp<'b> {
+    /// First query row (token) in the batch.
+    pub row_start: usize,
+    /// Query rows; consecutive in the batch.
+    pub n_rows: usize,
+    /// The KV cells attended over, laid end to end (for a strided op: the first
+    /// region).
+    pub runs: Vec<CellRun>,
+    /// F16 bits, `[n_kv, n_rows]`, or `[width, regions]` for a strided op.
+    pub mask: Cow<'b, [u16]>,
+    /// The sliding-window mask, same shape.
+    pub mask_swa: Option<Cow<'b, [u16]>>,
+    /// Set when decode rows share one op over equally spaced regions of the pool.
+    pub strided: Option<Strided>,
+}
+
+/// The layout of a strided op: region `j` is `runs[0]` moved by `j * stride` cells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Strided {
+    /// Cells between the starts of consecutive regions.
+    pub stride: usize,
+    /// For each region, the batch row whose query reads it; a region no row uses
+    /// is read by any row, fully masked.
+    pub q_rows: Vec<i32>,
+    /// For each query row of the op, in batch order: its region.
+    pub regions: Vec<i32>,
+}
+
+impl AttnOp<'_> {
+    /// Cells attended over (per region for a strided op).
+    pub fn n_kv(&self) -> usize {
+        self.runs.iter().map(|r| r.len).sum()
+    }
+
+    /// Shape of the mask tensor.
+    pub fn mask_shape(&self) -> Vec<i64> {
+        match &self.strided {
+            Some(st) => vec![self.n_kv() as i64, 1, 1, st.q_rows.len() as i64],
+            None => vec![self.n_kv() as i64, self.n_rows as i64],
+        }
+    }
+}
+
+/// A decode row that may join a strided op: its batch index and the
+/// `(window index, cell)` pairs it sees, in ascending cell order.
+struct Member {
+    seq: usize,
+    cells: Vec<(usize, usize)>,
+}
+
+impl Member {
+    fn base(&self) -> usize {
+        self.cells[0].1
+    }
+
+    fn extent(&self) -> usize {
+        self.cells[self.cells.len() - 1].1 + 1 - self.base()
+    }
+}
+
+/// The layout a set of members would share: (first cell, stride, regions, width).
+fn layout(members: &[&Member]) -> (usize, usize, usize, usize) {
+    let b0 = members.iter().map(|m| m.base()).min().unwrap_or(0);
+    let b1 = members.iter().map(|m| m.base()).max().unwrap_or(0);
+    let stride = members.iter().fold(0, |g, m| gcd(g, m.base() - b0));
+    let regions = (b1 - b0).checked_div(stride).map_or(1, |n| n + 1);
+    let width = members.iter().map(|m| m.extent()).max().unwrap_or(0);
+    (b0, stride, regions, width)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The attention ops of `batch`, in row order, for a KV pool of `n_cells` cells.
+/// `cpu`: the graph runs on ggml's CPU backend (see the module docs).
+pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'_>> {
+    let mut ops = Vec::with_capacity(batch.seqs.len());
+    let mut group: Vec<Member> = Vec::new();
+    for (i, s) in batch.seqs.iter().enumerate() {
+        let cells = if cpu && s.n_rows == 1 && s.n_kv() < FA_SPLIT_KV_MIN {
+            ascending_visible(&s.window, &s.mask)
+        } else {
+            None
+        };
+        let Some(cells) = cells else {
+            flush(batch, &mut group, &mut ops);
+            ops.push(own_op(batch, i));
+            continue;
+        };
+        let m = Member { seq: i, cells };
+        if !group.is_empty() && !fits(&group, &m, n_cells) {
+            flush(batch, &mut group, &mut ops);
+        }
+        group.push(m);
+    }
+    flush(batch, &mut group, &mut ops);
+    ops
+}
+
+/// Whether `m` may join `group`: its window starts elsewhere than every member's
+/// (one row per region), the strided view stays inside the pool (also as ggml
+/// sizes a view: regions × width cells from the first), and the mask scan is not
+/// much larger than the cells the rows see.
+fn fits(group: &[Member], m: &Member, n_cells: usize) -> bool {
+    if group.iter().any(|g| g.base() == m.base()) {
+        return false;
+    }
+    let all: Vec<&Member> = group.iter().chain([m]).collect();
+    let (b0, stride, regions, width) = layout(&all);
+    let b1 = b0 + (regions - 1) * stride;
+    let visible: usize = all.iter().map(|m| m.cells.len()).sum();
+    b1 + width <= n_cells
+        && b0 + regions * width <= n_cells
+        && regions * width <= GROUP_SCAN_FACTOR * visible + GROUP_SLACK_CELLS
+}
+
+/// Emits the pending group: one strided op, or the lone row's own op.
+fn flush<'b>(batch: &'b StepBatch, group: &mut Vec<Member>, ops: &mut Vec<AttnOp<'b>>) {
+    match group.len() {
+        0 => {}
+        1 => ops.push(own_op(batch, group[0].seq)),
+        _ => ops.push(strided_op(batch, group)),
+    }
+    group.clear();
+}
+
+/// Sequence `i` attending over its own window.
+fn own_op(batch: &StepBatch, i: usize) -> AttnOp<'_> {
+    let s = &batch.seqs[i];
+    AttnOp {
+        row_start: s.row_start,
+        n_rows: s.n_rows,
+        runs: s.window.clone(),
+        mask: Cow::Borrowed(s.mask.as_slice()),
+        mask_swa: s.mask_swa.as_deref().map(Cow::Borrowed),
+        strided: None,
+    }
+}
+
+/// Decode rows `group` (consecutive in the batch, windows on a common grid)
+/// attending in one op over equally spaced regions of the pool.
+fn strided_op<'b>(batch: &'b StepBatch, group: &[Member]) -> AttnOp<'b> {
+    let (b0, stride, n_regions, width) = layout(&group.iter().collect::<Vec<_>>());
+    let swa = batch.seqs[group[0].seq].mask_swa.is_some();
+    let first = &batch.seqs[group[0].seq];
+    let mut q_rows = vec![first.row_start as i32; n_regions];
+    let mut regions = Vec::with_capacity(group.len());
+    let mut mask = vec![NEG_INF_F16; width * n_regions];
+    let mut mask_swa = swa.then(|| vec![NEG_INF_F16; width * n_regions]);
+    for m in group {
+        let s = &batch.seqs[m.seq];
+        let j = (m.base() - b0) / stride;
+        q_rows[j] = s.row_start as i32;
+        regions.push(j as i32);
+        for &(w, cell) in &m.cells {
+            let at = j * width + cell - m.base();
+            mask[at] = s.mask[w];
+            if let (Some(dst), Some(src)) = (mask_swa.as_mut(), s.mask_swa.as_ref()) {
+                dst[at] = src[w];
+            }
+        }
+    }
+    AttnOp {
+        row_start: first.row_start,
+        n_rows: group.len(),
+        runs: vec![CellRun {
+            start: b0,
+            len: width,
+        }],
+        mask: Cow::Owned(mask),
+        mask_swa: mask_swa.map(Cow::Owned),
+        strided: Some(Strided {
+            stride,
+            q_rows,
+            regions,
+        }),
+    }
+}
+
+/// The `(window index, cell)` pairs a one-row sequence's mask lets it see, if
+/// their cells ascend (so a strided op visits them in window order); else `None`.
+fn ascending_visible(window: &[CellRun], mask: &[u16]) -> Option<Vec<(usize, usize)>> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    let mut w = 0;
+    for r in window {
+        for cell in r.start..r.start + r.len {
+            if mask[w] != NEG_INF_F16 {
+                if out.last().is_some_and(|&(_, prev)| prev >= cell) {
+                    return None;
+                }
+                out.push((w, cell));
+            }
+            w += 1;
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MaskBuilder, SeqSpan};
+
+    fn decode(row: usize, runs: &[(usize, usize)], pos: i32) -> SeqSpan {
+        let window: Vec<CellRun> = runs
+            .iter()
+            .map(|&(start, len)| CellRun { start, len })
+            .collect();
+        let n_kv = window.iter().map(|r| r.len).sum();
+        let mut m = MaskBuilder::new(n_kv, 1);
+        m.allow_prefix(0, pos, None);
+        SeqSpan {
+            row_start: row,
+            n_rows: 1,
+            window,
+            mask: m.into_data(),
+            mask_swa: None,
+        }
+    }
+
+    fn batch(seqs: Vec<SeqSpan>) -> StepBatch {
+        let n: usize = seqs.iter().map(|s| s.n_rows).sum();
+        StepBatch {
+            tokens: vec![0; n],
+            positions: vec![0; n],
+            kv_slots: vec![0; n],
+            seqs,
+            output_rows: vec![0],
+        }
+    }
+
+    #[test]
+    fn decodes_on_a_grid_share_one_strided_op() {
+        // Windows at cells 64, 0 and 192 (stride 64, region 2 unused); the fourth
+        // sees cells 8, 9, 10, 11, 4 (not ascending) and keeps its own op.
+        let b = batch(vec![
+            decode(0, &[(64, 16)], 2),
+            decode(1, &[(0, 16)], 3),
+            decode(2, &[(192, 16)], 0),
+            decode(3, &[(8, 4), (4, 4)], 4),
+        ]);
+        let ops = plan(&b, 1024, true);
+        assert_eq!(ops.len(), 2);
+        let g = &ops[0];
+        assert_eq!((g.row_start, g.n_rows), (0, 3));
+        assert_eq!(g.runs, vec![CellRun { start: 0, len: 4 }]);
+        let st = g.strided.as_ref().expect("strided");
+        assert_eq!(st.stride, 64);
+        assert_eq!(st.q_rows, vec![1, 0, 0, 2]);
+        assert_eq!(st.regions, vec![1, 0, 3]);
+        assert_eq!(g.mask_shape(), vec![4, 1, 1, 4]);
+        let visible = |region: usize| -> Vec<usize> {
+            (0..4)
+                .filter(|&c| g.mask[region * 4 + c] != NEG_INF_F16)
+                .collect()
+        };
+        assert_eq!(visible(0), vec![0, 1, 2, 3]);
+        assert_eq!(visible(1), vec![0, 1, 2]);
+        assert_eq!(visible(2), Vec::<usize>::new());
+        assert_eq!(visible(3), vec![0]);
+        assert_eq!((ops[1].row_start, ops[1].n_rows), (3, 1));
+        assert!(ops[1].strided.is_none());
+        // On a GPU every sequence keeps its own op.
+        assert_eq!(plan(&b, 1024, false).len(), 4);
+    }
+
+    #[test]
+    fn long_decodes_keep_their_own_op() {
+        let b = batch(vec![
+            decode(0, &[(0, 512)], 300),
+            decode(1, &[(1024, 16)], 3),
+        ]);
+        let ops = plan(&b, 2048, true);
+        assert_eq!(ops.len(), 2);
+        assert!(ops.iter().all(|o| o.strided.is_none()));
+    }
+
+    #[test]
+    fn sparse_grids_shared_starts_and_prompt_chunks_split_groups() {
+        // Far apart is fine; many unused regions between are not (the mask scan
+        // would dwarf the work).
+        let far = batch(vec![decode(0, &[(0, 4)], 3), decode(1, &[(96_000, 4)], 3)]);
+        assert_eq!(plan(&far, 1 << 20, true).len(), 1);
+        let sparse = batch(vec![
+            decode(0, &[(0, 4)], 3),
+            decode(1, &[(64, 4)], 3),
+            decode(2, &[(96_000, 4)], 3),
+        ]);
+        let ops = plan(&sparse, 1 << 20, true);
+        let shape: Vec<(usize, usize)> = ops.iter().map(|o| (o.row_start, o.n_rows)).collect();
+        assert_eq!(shape, vec![(0, 2), (2, 1)]);
+        // Two rows starting at the same cell (a shared prefix) cannot share a region.
+        let shared = batch(vec![
+            decode(0, &[(0, 8)], 5),
+            decode(1, &[(0, 4), (16, 4)], 5),
+        ]);
+        assert_eq!(plan(&shared, 1024, true).len(), 2);
+        // The view must stay inside the pool.
+        let edge = batch(vec![decode(0, &[(0, 16)], 15), decode(1, &[(16, 16)], 15)]);
+        assert_eq!(plan(&edge, 32, true).len(), 1);
+        assert_eq!(plan(&edge, 31, true).len(), 2);
+        // A prompt chunk between decodes ends the group.
+        let mut chunk = decode(2, &[(128, 4)], 1);
+        chunk.n_rows = 2;
+        let mut m = MaskBuilder::new(4, 2);
+        m.allow_prefix(0, 0, None);
+        m.allow_prefix(1, 1, None);
+        chunk.mask = m.into_data();
+        let b = batch(vec![
+            decode(0, &[(0, 4)], 3),
+            decode(1, &[(64, 4)], 3),
+            chunk,
+            decode(4, &[(192, 4)], 3),
+        ]);
+        let ops = plan(&b, 1024, true);
+        let shape: Vec<(usize, usize)> = ops.iter().map(|o| (o.row_start, o.n_rows)).collect();
+        assert_eq!(shape, vec![(0, 2), (2, 2), (4, 1)]);
+    }
+}
