@@ -24,6 +24,7 @@
 
 use std::borrow::Cow;
 
+use crate::kv::NEG_INF_F16;
 use crate::{CellRun, StepBatch};
 
 /// From this many cells, a single query row alone in its op takes the KV-split
@@ -37,8 +38,6 @@ const GROUP_SCAN_FACTOR: usize = 2;
 
 /// See [`GROUP_SCAN_FACTOR`].
 const GROUP_SLACK_CELLS: usize = 4096;
-
-const NEG_INF_F16: u16 = 0xFC00;
 
 /// One flash-attention op of a step.
 #[derive(Debug)]
@@ -85,20 +84,34 @@ impl AttnOp<'_> {
     }
 }
 
-/// A decode row that may join a strided op: its batch index and the
-/// `(window index, cell)` pairs it sees, in ascending cell order.
+/// Consecutive window indices `w..w + len` that a row sees, held in cells
+/// `cell..cell + len`.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    w: usize,
+    cell: usize,
+    len: usize,
+}
+
+/// A decode row that may join a strided op: its batch index and the cells it
+/// sees, as segments in ascending cell order.
 struct Member {
     seq: usize,
-    cells: Vec<(usize, usize)>,
+    segs: Vec<Segment>,
 }
 
 impl Member {
     fn base(&self) -> usize {
-        self.cells[0].1
+        self.segs[0].cell
     }
 
     fn extent(&self) -> usize {
-        self.cells[self.cells.len() - 1].1 + 1 - self.base()
+        let last = self.segs[self.segs.len() - 1];
+        last.cell + last.len - self.base()
+    }
+
+    fn visible(&self) -> usize {
+        self.segs.iter().map(|g| g.len).sum()
     }
 }
 
@@ -127,17 +140,17 @@ pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'
     let mut ops = Vec::with_capacity(batch.seqs.len());
     let mut group: Vec<Member> = Vec::new();
     for (i, s) in batch.seqs.iter().enumerate() {
-        let cells = if s.n_rows == 1 && (!cpu || s.n_kv() < FA_SPLIT_KV_MIN) {
+        let segs = if s.n_rows == 1 && (!cpu || s.n_kv() < FA_SPLIT_KV_MIN) {
             ascending_visible(&s.window, &s.mask)
         } else {
             None
         };
-        let Some(cells) = cells else {
+        let Some(segs) = segs else {
             flush(batch, &mut group, &mut ops);
             ops.push(own_op(batch, i));
             continue;
         };
-        let m = Member { seq: i, cells };
+        let m = Member { seq: i, segs };
         if !group.is_empty() && !fits(&group, &m, n_cells) {
             flush(batch, &mut group, &mut ops);
         }
@@ -158,7 +171,7 @@ fn fits(group: &[Member], m: &Member, n_cells: usize) -> bool {
     let all: Vec<&Member> = group.iter().chain([m]).collect();
     let (b0, stride, regions, width) = layout(&all);
     let b1 = b0 + (regions - 1) * stride;
-    let visible: usize = all.iter().map(|m| m.cells.len()).sum();
+    let visible: usize = all.iter().map(|m| m.visible()).sum();
     b1 + width <= n_cells
         && b0 + regions * width <= n_cells
         && regions * width <= GROUP_SCAN_FACTOR * visible + GROUP_SLACK_CELLS
@@ -202,11 +215,11 @@ fn strided_op<'b>(batch: &'b StepBatch, group: &[Member]) -> AttnOp<'b> {
         let j = (m.base() - b0) / stride;
         q_rows[j] = s.row_start as i32;
         regions.push(j as i32);
-        for &(w, cell) in &m.cells {
-            let at = j * width + cell - m.base();
-            mask[at] = s.mask[w];
+        for g in &m.segs {
+            let at = j * width + g.cell - m.base();
+            mask[at..at + g.len].copy_from_slice(&s.mask[g.w..g.w + g.len]);
             if let (Some(dst), Some(src)) = (mask_swa.as_mut(), s.mask_swa.as_ref()) {
-                dst[at] = src[w];
+                dst[at..at + g.len].copy_from_slice(&src[g.w..g.w + g.len]);
             }
         }
     }
@@ -227,18 +240,19 @@ fn strided_op<'b>(batch: &'b StepBatch, group: &[Member]) -> AttnOp<'b> {
     }
 }
 
-/// The `(window index, cell)` pairs a one-row sequence's mask lets it see, if
-/// their cells ascend (so a strided op visits them in window order); else `None`.
-fn ascending_visible(window: &[CellRun], mask: &[u16]) -> Option<Vec<(usize, usize)>> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
+/// The cells a one-row sequence's mask lets it see, as segments, if they ascend
+/// (so a strided op visits them in window order); else `None`.
+fn ascending_visible(window: &[CellRun], mask: &[u16]) -> Option<Vec<Segment>> {
+    let mut out: Vec<Segment> = Vec::new();
     let mut w = 0;
     for r in window {
         for cell in r.start..r.start + r.len {
             if mask[w] != NEG_INF_F16 {
-                if out.last().is_some_and(|&(_, prev)| prev >= cell) {
-                    return None;
+                match out.last_mut() {
+                    Some(g) if g.w + g.len == w && g.cell + g.len == cell => g.len += 1,
+                    Some(g) if g.cell + g.len > cell => return None,
+                    _ => out.push(Segment { w, cell, len: 1 }),
                 }
-                out.push((w, cell));
             }
             w += 1;
         }

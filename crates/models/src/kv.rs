@@ -176,7 +176,8 @@ pub struct MaskBuilder {
     data: Vec<u16>,
 }
 
-const NEG_INF_F16: u16 = 0xFC00;
+/// -inf as F16 bits: a masked cell.
+pub(crate) const NEG_INF_F16: u16 = 0xFC00;
 
 impl MaskBuilder {
     /// A fully masked `[n_kv, n_tokens]` mask.
