@@ -60,6 +60,19 @@ fn prompt_piece(remaining: usize, limit: usize) -> usize {
     n
 }
 
+/// The prompt budget of a step under an ITL target: `fit` tokens (what the target
+/// allows at the recent cost per token) per decoding request's share, scaled by
+/// prompting / decoding requests when prompts outnumber decodes, as a multiple of
+/// [`CHUNK_ALIGN`] within `1..=full` chunks; `full` when nothing decodes.
+fn itl_budget(full: usize, fit: f64, decoding: usize, prompting: usize) -> usize {
+    if decoding == 0 || fit.is_nan() || fit <= 0.0 {
+        return full;
+    }
+    let share = prompting.max(decoding) as f64 / decoding as f64;
+    let n = (share * fit).min(full as f64) as usize;
+    (n / CHUNK_ALIGN * CHUNK_ALIGN).clamp(CHUNK_ALIGN.min(full), full)
+}
+
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -202,6 +215,12 @@ pub struct EngineStats {
     pub steps_total: u64,
     /// Tokens computed by model steps (prompt chunks and decodes).
     pub computed_tokens_total: u64,
+    /// Seconds spent in steps that ran the model: scheduling, the forward pass,
+    /// sampling and sending events.
+    pub step_seconds_total: f64,
+    /// Of those, seconds in the forward pass (graph build, compute, reading logits):
+    /// the rest is the engine's own host work per step.
+    pub forward_seconds_total: f64,
     /// Requests waiting for their cached prefix to be read from the SSD tier.
     pub loading: usize,
     /// The SSD tier's counters (all zero without one).
@@ -605,6 +624,7 @@ impl EngineCore {
     /// ends the requests of the step with [`FinishReason::Error`] (the engine itself
     /// stays usable) and is returned.
     pub fn step(&mut self) -> Result<bool, EngineError> {
+        let started = std::time::Instant::now();
         self.reap_cancelled();
         if !self.has_work() {
             return Ok(false);
@@ -636,10 +656,12 @@ impl EngineCore {
                 return Err(e.into());
             }
         };
+        let forward_s = t0.elapsed().as_secs_f64();
         self.stats.steps_total += 1;
         self.stats.computed_tokens_total += batch.tokens.len() as u64;
+        self.stats.forward_seconds_total += forward_s;
         if batch.tokens.len() >= CHUNK_ALIGN {
-            let cost = t0.elapsed().as_secs_f64() / batch.tokens.len() as f64;
+            let cost = forward_s / batch.tokens.len() as f64;
             self.token_cost_s = Some(self.token_cost_s.map_or(cost, |c| 0.5 * c + 0.5 * cost));
         }
         let compute_bytes = self.exec.compute_bytes();
@@ -653,6 +675,7 @@ impl EngineCore {
             );
         }
         self.after_step(&work, &mut logits);
+        self.stats.step_seconds_total += started.elapsed().as_secs_f64();
         Ok(true)
     }
 
@@ -730,17 +753,22 @@ impl EngineCore {
 
     /// Prompt tokens this step may compute: `step_tokens`, or while some request is
     /// decoding, what fits the ITL target at the recent cost per token (a multiple of
-    /// [`CHUNK_ALIGN`], at least one).
+    /// [`CHUNK_ALIGN`], at least one). The target is per decoding request: when more
+    /// requests wait for their prompts than are decoding (many arriving at once), it
+    /// grows in proportion, since holding the prompts back would then cost more
+    /// requests more time than it saves the decoders.
     fn prompt_budget(&self) -> usize {
         let full = self.config.step_tokens;
+        let stage = |s: &Live| (s.n_computed < s.n_prompt, s.n_computed < s.tokens.len());
         let decoding = self
             .running
             .iter()
-            .any(|s| s.n_computed >= s.n_prompt && s.n_computed < s.tokens.len());
+            .filter(|s| stage(s) == (false, true))
+            .count();
+        let prompting = self.running.iter().filter(|s| stage(s).0).count();
         match (self.config.itl_target, self.token_cost_s) {
-            (Some(target), Some(cost)) if decoding && cost > 0.0 => {
-                let fit = (target.as_secs_f64() / cost) as usize / CHUNK_ALIGN * CHUNK_ALIGN;
-                fit.clamp(CHUNK_ALIGN.min(full), full)
+            (Some(target), Some(cost)) => {
+                itl_budget(full, target.as_secs_f64() / cost, decoding, prompting)
             }
             _ => full,
         }
@@ -1410,5 +1438,27 @@ impl EngineCore {
                 ssd.save_wait(&e, data);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn itl_budget_grows_with_waiting_prompts() {
+        // Nothing decoding: no target to keep.
+        assert_eq!(itl_budget(512, 100.0, 0, 5), 512);
+        // One decoder, one prompt: what the target fits, in whole chunks.
+        assert_eq!(itl_budget(512, 150.0, 1, 1), 128);
+        // Fewer prompts than decoders: still the decoders' target.
+        assert_eq!(itl_budget(512, 150.0, 3, 1), 128);
+        // 15 prompts arrived with one decoder: their share, capped by `full`.
+        assert_eq!(itl_budget(512, 150.0, 1, 15), 512);
+        assert_eq!(itl_budget(512, 150.0, 2, 4), 256);
+        // Never below one chunk, nor above `full`.
+        assert_eq!(itl_budget(512, 1.0, 4, 1), CHUNK_ALIGN);
+        assert_eq!(itl_budget(32, 1.0, 4, 1), 32);
+        assert_eq!(itl_budget(512, f64::INFINITY, 1, 1), 512);
     }
 }

@@ -177,7 +177,16 @@ fn random_workloads_keep_pages_sound() {
             })
             .collect();
         // Six pages: a few requests' worth, so the cache evicts and requests preempt.
-        let mut eng = core(&model, &tok, 6 * page_bytes);
+        // Chunks of at most 128 tokens and no ITL target: a schedule that does not
+        // depend on how fast this machine is.
+        let cfg = EngineConfig {
+            threads: 2,
+            kv_budget_bytes: Some(6 * page_bytes),
+            step_tokens: 128,
+            itl_target: None,
+            ..EngineConfig::default()
+        };
+        let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine");
         let mut live: Vec<(Vec<u32>, RequestStream, Vec<u32>, bool)> = Vec::new();
         let mut done: Vec<(Vec<u32>, Vec<u32>, FinishReason)> = Vec::new();
         let mut submitted = 0;

@@ -527,6 +527,18 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         "Model steps run.",
         s.steps_total,
     );
+    crate::metrics::counter_f64(
+        &mut out,
+        "tempo9_engine_step_seconds_total",
+        "Seconds in model steps (scheduling, forward pass, sampling, events).",
+        s.step_seconds_total,
+    );
+    crate::metrics::counter_f64(
+        &mut out,
+        "tempo9_engine_forward_seconds_total",
+        "Seconds of those steps in the forward pass.",
+        s.forward_seconds_total,
+    );
     counter(
         &mut out,
         "tempo9_evicted_pages_total",
