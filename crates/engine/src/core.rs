@@ -759,13 +759,16 @@ impl EngineCore {
     /// requests more time than it saves the decoders.
     fn prompt_budget(&self) -> usize {
         let full = self.config.step_tokens;
-        let stage = |s: &Live| (s.n_computed < s.n_prompt, s.n_computed < s.tokens.len());
         let decoding = self
             .running
             .iter()
-            .filter(|s| stage(s) == (false, true))
+            .filter(|s| s.n_computed >= s.n_prompt && s.n_computed < s.tokens.len())
             .count();
-        let prompting = self.running.iter().filter(|s| stage(s).0).count();
+        let prompting = self
+            .running
+            .iter()
+            .filter(|s| s.n_computed < s.n_prompt)
+            .count();
         match (self.config.itl_target, self.token_cost_s) {
             (Some(target), Some(cost)) => {
                 itl_budget(full, target.as_secs_f64() / cost, decoding, prompting)

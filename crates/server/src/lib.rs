@@ -435,7 +435,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
-    use crate::metrics::{counter, gauge};
+    use crate::metrics::{counter, counter_f64, gauge};
     let s = st.engine.stats();
     let mut out = String::new();
     gauge(
@@ -527,13 +527,13 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         "Model steps run.",
         s.steps_total,
     );
-    crate::metrics::counter_f64(
+    counter_f64(
         &mut out,
         "tempo9_engine_step_seconds_total",
         "Seconds in model steps (scheduling, forward pass, sampling, events).",
         s.step_seconds_total,
     );
-    crate::metrics::counter_f64(
+    counter_f64(
         &mut out,
         "tempo9_engine_forward_seconds_total",
         "Seconds of those steps in the forward pass.",
