@@ -30,6 +30,7 @@ use crate::request::{
 };
 use crate::sampler::{log_softmax_top, Sampler};
 use crate::scheduler::{Policy, Rank};
+use crate::short_prefix::{self, FinishedSources, Source};
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 
@@ -40,7 +41,7 @@ use crate::stop::TextStream;
 pub const KV_WINDOW_PAD: usize = 256;
 
 /// Prompt chunks start at multiples of this many tokens (ggml's CPU flash-attention
-/// query tile and a multiple of the repacked matmuls' 4-row groups), so a prompt
+/// query tile and a multiple of the repacked matmuls' 16-row blocks), so a prompt
 /// token's arithmetic is the same however the prompt is cut into steps: alone,
 /// batched, after a prefix hit or after preemption.
 pub const CHUNK_ALIGN: usize = 64;
@@ -201,8 +202,11 @@ pub struct EngineStats {
     pub page_bytes: usize,
     /// Prompt tokens looked up in the prefix cache.
     pub prefix_query_tokens: u64,
-    /// Of those, tokens found cached.
+    /// Of those, tokens found cached (whole pages, or copied into a short prompt's
+    /// first page).
     pub prefix_hit_tokens: u64,
+    /// Of the hits, tokens copied from another short prompt's first page.
+    pub prefix_copied_tokens: u64,
     /// Cached pages evicted to make room.
     pub evicted_pages: u64,
     /// Prompt tokens of all admitted requests.
@@ -337,6 +341,9 @@ struct Live {
     cancel: Arc<AtomicBool>,
     usage: Usage,
     admitted_before: bool,
+    /// Leading prompt cells another short prompt may copy (see
+    /// [`crate::short_prefix`]); 0 until its short prompt is computed.
+    exact_cells: usize,
 }
 
 impl Live {
@@ -391,6 +398,8 @@ pub struct EngineCore {
     /// Compute-buffer size last logged (the buffers only grow; logged again when a
     /// quarter larger, so small steps of growth do not flood the log).
     compute_bytes_logged: usize,
+    /// First pages of finished short prompts, for [`crate::short_prefix`].
+    short_sources: FinishedSources,
 }
 
 impl EngineCore {
@@ -454,6 +463,7 @@ impl EngineCore {
             tok,
             exec,
             compute_bytes_logged: 0,
+            short_sources: FinishedSources::default(),
             kv,
             pool,
             ssd,
@@ -516,7 +526,7 @@ impl EngineCore {
             page_tokens: self.pool.page_size(),
             page_bytes: self.page_bytes,
             prefix_query_tokens: p.query_tokens,
-            prefix_hit_tokens: p.hit_tokens,
+            prefix_hit_tokens: p.hit_tokens + self.stats.prefix_copied_tokens,
             evicted_pages: p.evicted_pages,
             loading: self.loading.len(),
             ssd: self.ssd.as_ref().map(SsdTier::stats).unwrap_or_default(),
@@ -588,6 +598,7 @@ impl EngineCore {
                 ..Usage::default()
             },
             admitted_before: false,
+            exact_cells: 0,
         };
         if r.max_tokens == 0 {
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -714,6 +725,11 @@ impl EngineCore {
     /// request ends without a token of its own (cancelled, failed or out of memory).
     fn end(&mut self, s: Live, reason: FinishReason) {
         if self.pool.contains(s.id) {
+            if s.exact_cells > 0 {
+                let page = self.pool.page_table(s.id).expect("allocated")[0];
+                self.short_sources
+                    .remember(&self.pool, page, &s.tokens[..s.exact_cells]);
+            }
             self.pool.free(s.id).expect("allocated");
         }
         let _ = s.tx.send(Event::Finished(Finish {
@@ -889,6 +905,7 @@ impl EngineCore {
     /// must leave at least [`CHUNK_ALIGN`] prompt tokens to compute (or none of the
     /// prompt: a resumed request whose whole prompt and some output are cached), so
     /// the prompt's last chunk runs through the same kernels as without the cache.
+    /// (Shorter prompts may copy part of a page instead: [`Self::copy_short_prefix`].)
     fn usable_prefix(&self, w: &Live) -> usize {
         let m = self.pool.lookup_prefix(&w.tokens, 0);
         let on_disk = self.ssd_continuation(&w.tokens, &m).len();
@@ -897,6 +914,52 @@ impl EngineCore {
             w.tokens.len()
         } else {
             w.n_prompt.saturating_sub(CHUNK_ALIGN - 1).max(1)
+        }
+    }
+
+    /// Starts a newly admitted short prompt (no cached pages) on the longest prefix it
+    /// shares with the first page of another short prompt, copying those cells'
+    /// KV into its own first page (see [`crate::short_prefix`]).
+    fn copy_short_prefix(&mut self, s: &mut Live) {
+        if short_prefix::exact_cells(s.n_prompt) == 0 || s.tokens.len() != s.n_prompt {
+            return;
+        }
+        self.short_sources.prune(&self.pool);
+        let running = self
+            .running
+            .iter()
+            .filter(|r| r.exact_cells > 0)
+            .map(|r| Source {
+                page: self
+                    .pool
+                    .page_table(r.id)
+                    .expect("running requests hold pages")[0],
+                tokens: &r.tokens[..r.exact_cells],
+            });
+        let Some((page, n)) =
+            short_prefix::best_match(&s.tokens, running.chain(self.short_sources.iter()))
+        else {
+            return;
+        };
+        let ps = self.pool.page_size();
+        // Read before taking a page: taking one may evict the (cached) source.
+        let copied = self.kv.read_cells(page as usize * ps, n).and_then(|data| {
+            let cells = self
+                .pool
+                .append_slots(s.id, n)
+                .map_err(|e| ModelError::BadBatch(e.to_string()))?;
+            self.kv.write_cells(cells[0], n, &data)
+        });
+        match copied {
+            Ok(()) => {
+                s.n_computed = n;
+                s.usage.cached_tokens = n;
+                self.stats.prefix_copied_tokens += n as u64;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "short-prompt prefix copy failed; computing it");
+                self.pool.truncate(s.id, 0).expect("allocated");
+            }
         }
     }
 
@@ -976,7 +1039,10 @@ impl EngineCore {
                 self.stats.prompt_tokens_total += s.usage.prompt_tokens as u64;
             }
             s.n_computed = m.n_cached_tokens;
-            if let Some(s) = self.ssd_begin_load(s, usable, &m, first_admission) {
+            if let Some(mut s) = self.ssd_begin_load(s, usable, &m, first_admission) {
+                if first_admission && m.n_cached_tokens == 0 {
+                    self.copy_short_prefix(&mut s);
+                }
                 self.running.push(s);
             }
         }
@@ -1095,6 +1161,10 @@ impl EngineCore {
             self.pool
                 .commit_full_pages(s.id, &s.tokens[..s.n_computed])
                 .expect("cells were appended");
+            if w.end == s.n_prompt && s.usage.preemptions == 0 {
+                // A short prompt is computed in one piece (from 0 or a copied prefix).
+                s.exact_cells = short_prefix::exact_cells(s.n_prompt);
+            }
             if w.end < s.tokens.len() {
                 continue;
             }

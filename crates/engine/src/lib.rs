@@ -11,6 +11,7 @@ pub mod pages;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+mod short_prefix;
 pub mod ssd;
 mod stop;
 

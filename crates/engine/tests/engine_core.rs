@@ -153,7 +153,8 @@ impl Rng {
     }
 }
 
-/// Random arrivals, prompt lengths, shared prefixes and cancellations on a small
+/// Random arrivals, prompt lengths (half of them under a chunk, so short prompts copy
+/// part of a page from each other), shared prefixes and cancellations on a small
 /// pool (so pages are evicted and requests preempted). After every step the page
 /// invariants hold; every request that was not cancelled produces exactly its
 /// alone output (nobody read another's pages); idle, the pool holds nothing.
@@ -166,7 +167,7 @@ fn random_workloads_keep_pages_sound() {
     let n_vocab = model.hparams().n_vocab as u64;
     let page_bytes = core(&model, &tok, 64 << 20).stats().page_bytes;
     let mut alone_cache: std::collections::HashMap<Vec<u32>, Vec<u32>> = Default::default();
-    let (mut preemptions, mut evictions, mut hits) = (0, 0, 0);
+    let (mut preemptions, mut evictions, mut hits, mut copied) = (0, 0, 0, 0);
     for seed in 1..=3u64 {
         let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ seed.wrapping_mul(0x9E37_79B9));
         let prefixes: Vec<Vec<u32>> = (0..3)
@@ -191,12 +192,18 @@ fn random_workloads_keep_pages_sound() {
         let mut done: Vec<(Vec<u32>, Vec<u32>, FinishReason)> = Vec::new();
         let mut submitted = 0;
         let mut steps = 0;
-        while submitted < 10 || eng.has_work() {
-            if submitted < 10 && rng.below(3) == 0 {
+        while submitted < 14 || eng.has_work() {
+            if submitted < 14 && rng.below(3) == 0 {
                 let mut p = prefixes[rng.below(3) as usize].clone();
-                p.truncate(1 + rng.below(p.len() as u64) as usize);
-                p.extend((0..rng.below(40)).map(|_| 1 + rng.below(n_vocab - 1) as u32));
-                let s = eng.submit(greedy(p.clone(), 4)).expect("submit");
+                if rng.below(2) == 0 {
+                    p.truncate(1 + rng.below(p.len() as u64) as usize);
+                    p.extend((0..rng.below(40)).map(|_| 1 + rng.below(n_vocab - 1) as u32));
+                } else {
+                    // A prompt under a chunk: shares part of a page with its kin.
+                    p.truncate(16 + rng.below(32) as usize);
+                    p.extend((0..rng.below(12)).map(|_| 1 + rng.below(n_vocab - 1) as u32));
+                }
+                let s = eng.submit(greedy(p.clone(), 8)).expect("submit");
                 live.push((p, s, Vec::new(), false));
                 submitted += 1;
             }
@@ -247,7 +254,7 @@ fn random_workloads_keep_pages_sound() {
             let want = alone_cache.entry(p.clone()).or_insert_with(|| {
                 run_batch(
                     &mut core(&model, &tok, 64 << 20),
-                    vec![greedy(p.clone(), 4)],
+                    vec![greedy(p.clone(), 8)],
                 )
                 .remove(0)
                 .tokens
@@ -261,10 +268,11 @@ fn random_workloads_keep_pages_sound() {
         preemptions += st.preemptions_total;
         evictions += st.evicted_pages;
         hits += st.prefix_hit_tokens;
+        copied += st.prefix_copied_tokens;
     }
     assert!(
-        preemptions > 0 && evictions > 0 && hits > 0,
-        "the workloads should exercise preemption ({preemptions}), eviction ({evictions}) and prefix hits ({hits})"
+        preemptions > 0 && evictions > 0 && hits > 0 && copied > 0,
+        "the workloads should exercise preemption ({preemptions}), eviction ({evictions}), prefix hits ({hits}) and short-prompt copies ({copied})"
     );
 }
 
@@ -455,5 +463,83 @@ fn startup_memory_does_not_depend_on_context() {
     // touched) are far below the 4 GiB KV reservation, which is not committed.
     for d in deltas {
         assert!(d < 128 << 20, "creating the engine committed {d} bytes");
+    }
+}
+
+/// Prompts shorter than a chunk share the prefix they have in common with another
+/// short prompt's first page, finished (kept in the prefix cache) or still running,
+/// by copying its KV cells; the numbers are those of the prompt alone, bit for bit
+/// (also through the 16-row blocks of the repacked Q4_K matmuls and Gemma 3's
+/// sliding-window layers).
+#[test]
+fn short_prompts_copy_a_shared_prefix_exactly() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for (_, file) in MODELS {
+        let Some(model) = load(file) else {
+            return;
+        };
+        let tok = tokenizer(&model);
+        let enc = |s: &str| tok.encode(s, true, true);
+        let probe = |p: &[u32]| {
+            let mut r = greedy(p.to_vec(), 48);
+            r.logprobs = true;
+            r.top_logprobs = 4;
+            r
+        };
+        let system = "You are a helpful senior software engineer. Answer in detail. ";
+        let a = enc(&format!(
+            "{system}Explain hash maps to a new team member. (request 1 of 1)"
+        ));
+        let b = enc(&format!(
+            "{system}Explain hash maps to a new team member. (request 1 of 4)"
+        ));
+        let other = "You are a terse assistant for a team of backend engineers; answer every question in one short line. ";
+        let c = enc(&format!("{other}Name three sorting algorithms, please."));
+        let d = enc(&format!("{other}Name three graph algorithms, please."));
+        for p in [&a, &b, &c, &d] {
+            assert!(p.len() < 64, "{file}: prompt of {} tokens", p.len());
+        }
+        let common = |x: &[u32], y: &[u32]| x.iter().zip(y).take_while(|(p, q)| p == q).count();
+        let alone =
+            |p: &[u32]| run_batch(&mut core(&model, &tok, 64 << 20), vec![probe(p)]).remove(0);
+
+        let mut eng = core(&model, &tok, 64 << 20);
+        // `a` runs alone; with its output its first page fills and stays cached.
+        let out_a = run_batch(&mut eng, vec![probe(&a)]).remove(0);
+        assert_eq!(out_a.finish.usage.cached_tokens, 0);
+        // `b` copies what it shares with `a`'s finished page.
+        let out_b = run_batch(&mut eng, vec![probe(&b)]).remove(0);
+        let want_b = common(&a, &b).min(b.len() - 1) / 16 * 16;
+        assert!(want_b >= 16, "{file}: a and b share {want_b}");
+        assert_eq!(out_b.finish.usage.cached_tokens, want_b, "{file}: b's copy");
+        // `d` arrives while `c` decodes: it copies from `c`'s running page.
+        let mut sc = eng.submit(probe(&c)).expect("submit");
+        eng.step().expect("step");
+        let mut sd = eng.submit(probe(&d)).expect("submit");
+        eng.run_until_idle().expect("run");
+        eng.check_invariants().expect("invariants");
+        let (out_c, out_d) = (collect(&mut sc), collect(&mut sd));
+        let want_d = common(&c, &d).min(d.len() - 1) / 16 * 16;
+        assert!(want_d >= 16, "{file}: c and d share {want_d}");
+        assert_eq!(out_d.finish.usage.cached_tokens, want_d, "{file}: d's copy");
+        assert_eq!(
+            eng.stats().prefix_copied_tokens as usize,
+            want_b + want_d,
+            "{file}"
+        );
+        for (name, p, o) in [
+            ("a", &a, &out_a),
+            ("b", &b, &out_b),
+            ("c", &c, &out_c),
+            ("d", &d, &out_d),
+        ] {
+            let want = alone(p);
+            assert_eq!(o.tokens, want.tokens, "{file}: {name}'s tokens");
+            assert_eq!(
+                o.top_logprobs, want.top_logprobs,
+                "{file}: {name}'s logprobs"
+            );
+        }
+        assert_eq!(eng.stats().kv_pages_used, 0);
     }
 }

@@ -505,6 +505,12 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
     );
     counter(
         &mut out,
+        "tempo9_prefix_copied_tokens_total",
+        "Of the hits, tokens a prompt shorter than a chunk copied from another short prompt's first page.",
+        s.prefix_copied_tokens,
+    );
+    counter(
+        &mut out,
         "tempo9_engine_prompt_tokens_total",
         "Prompt tokens of admitted requests.",
         s.prompt_tokens_total,
