@@ -136,7 +136,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 /// Where the time of the steps since `s0` went, per step, in milliseconds: graph
-/// allocation and computation (the scheduler's counters; computation includes
+/// allocation (none when a step reuses its predecessor's graph) and computation (the scheduler's counters; computation includes
 /// waiting for the device) and the rest of the host's work (graph building, input
 /// writes, sampling, engine bookkeeping).
 fn step_profile(s0: tempo9_ggml::SchedStats, wall: std::time::Duration) -> Value {
@@ -153,5 +153,7 @@ fn step_profile(s0: tempo9_ggml::SchedStats, wall: std::time::Duration) -> Value
         "compute_ms": compute,
         "other_host_ms": total - alloc - compute,
         "splits": s1.last_splits,
+        // Steps that reused the previous step's graph instead of building one.
+        "graphs_reused": (s1.computes - s0.computes).saturating_sub(s1.allocs - s0.allocs),
     })
 }

@@ -155,6 +155,9 @@ pub fn run(
         // sampling, engine bookkeeping).
         "alloc_ms_per_step": per_step(g1.alloc_ns - g0.alloc_ns),
         "compute_ms_per_step": per_step(g1.compute_ns - g0.compute_ns),
+        // Steps that reused the previous step's graph (same shape) instead of
+        // building and allocating one.
+        "graphs_reused": (g1.computes - g0.computes).saturating_sub(g1.allocs - g0.allocs),
     }))
 }
 

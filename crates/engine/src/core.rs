@@ -379,7 +379,7 @@ pub struct EngineCore {
     model: Arc<Model>,
     tok: Arc<Tokenizer>,
     exec: Executor,
-    kv: KvStore,
+    kv: Arc<KvStore>,
     pool: PagePool,
     config: EngineConfig,
     limits: Limits,

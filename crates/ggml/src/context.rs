@@ -696,3 +696,67 @@ impl TensorStore {
         &self.buffers
     }
 }
+
+/// A graph kept, with the context holding its tensors, across model steps of the
+/// same shape: they skip building the graph and planning its memory again
+/// (llama.cpp reuses its graphs the same way), and ggml's CUDA backend sees the
+/// very same nodes, so it replays its captured CUDA graph. It owns what its nodes
+/// read outside its context (weights, KV caches), so they live as long as it does.
+pub struct KeptGraph {
+    graph: NonNull<sys::ggml_cgraph>,
+    /// Tensors of `ctx` the caller addresses later (inputs, outputs), by index.
+    tensors: Vec<NonNull<sys::ggml_tensor>>,
+    // Holds `graph` and `tensors`.
+    _ctx: Context,
+    // What the graph reads besides its own tensors (boxed: its address is stable).
+    _deps: Box<dyn std::any::Any + Send + Sync>,
+}
+
+// SAFETY: like `Context`: used by one thread at a time, moved freely; `deps` is
+// Send + Sync.
+unsafe impl Send for KeptGraph {}
+
+impl KeptGraph {
+    /// Keeps `ctx` with the graph that `build` makes in it from `deps` (the owners of
+    /// every outside tensor the graph uses, e.g. `Arc`s of a model and a KV cache)
+    /// and the tensors it lists (addressed later by their index in that list).
+    /// `build` may only use tensors of the context and of `deps` (its lifetime
+    /// bound sees to that), and may return anything else that borrows neither.
+    pub fn build<D, T, E>(
+        ctx: Context,
+        deps: D,
+        build: impl for<'c> FnOnce(&'c Context, &'c D) -> Result<(Graph<'c>, Vec<Tensor<'c>>, T), E>,
+    ) -> Result<(KeptGraph, T), E>
+    where
+        D: Send + Sync + 'static,
+    {
+        let deps = Box::new(deps);
+        let (graph, tensors, out) = build(&ctx, &deps)?;
+        let (graph, tensors) = (graph.ptr, tensors.iter().map(|t| t.ptr).collect());
+        Ok((
+            KeptGraph {
+                graph,
+                tensors,
+                _ctx: ctx,
+                _deps: deps,
+            },
+            out,
+        ))
+    }
+
+    /// The kept graph.
+    pub fn graph(&self) -> Graph<'_> {
+        Graph {
+            ptr: self.graph,
+            _ctx: PhantomData,
+        }
+    }
+
+    /// The `i`-th kept tensor (panics if there are not that many).
+    pub fn tensor(&self, i: usize) -> Tensor<'_> {
+        Tensor {
+            ptr: self.tensors[i],
+            _ctx: PhantomData,
+        }
+    }
+}

@@ -18,7 +18,7 @@ pub use backend::{
     init_logging, load_backend, sched_stats, Backend, Buffer, BufferType, Device, DeviceKind,
     HostBytes, SchedStats, Scheduler,
 };
-pub use context::{Context, Graph, Pod, RopeParams, Tensor, TensorStore};
+pub use context::{Context, Graph, KeptGraph, Pod, RopeParams, Tensor, TensorStore};
 pub use quant::quantize_rows;
 
 /// Errors raised by the ggml wrapper.

@@ -39,6 +39,11 @@ const GROUP_SCAN_FACTOR: usize = 2;
 /// See [`GROUP_SCAN_FACTOR`].
 const GROUP_SLACK_CELLS: usize = 4096;
 
+/// A strided op's region width is rounded up to a multiple of this many cells
+/// (where the pool has room), so that decoding steps keep the same graph shape
+/// for this many tokens and reuse the graph; the extra cells are masked.
+const WIDTH_GRANULE: usize = 256;
+
 /// One flash-attention op of a step.
 #[derive(Debug)]
 pub(crate) struct AttnOp<'b> {
@@ -146,17 +151,17 @@ pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'
             None
         };
         let Some(segs) = segs else {
-            flush(batch, &mut group, &mut ops);
+            flush(batch, &mut group, &mut ops, n_cells);
             ops.push(own_op(batch, i));
             continue;
         };
         let m = Member { seq: i, segs };
         if !group.is_empty() && !fits(&group, &m, n_cells) {
-            flush(batch, &mut group, &mut ops);
+            flush(batch, &mut group, &mut ops, n_cells);
         }
         group.push(m);
     }
-    flush(batch, &mut group, &mut ops);
+    flush(batch, &mut group, &mut ops, n_cells);
     ops
 }
 
@@ -178,11 +183,16 @@ fn fits(group: &[Member], m: &Member, n_cells: usize) -> bool {
 }
 
 /// Emits the pending group: one strided op, or the lone row's own op.
-fn flush<'b>(batch: &'b StepBatch, group: &mut Vec<Member>, ops: &mut Vec<AttnOp<'b>>) {
+fn flush<'b>(
+    batch: &'b StepBatch,
+    group: &mut Vec<Member>,
+    ops: &mut Vec<AttnOp<'b>>,
+    n_cells: usize,
+) {
     match group.len() {
         0 => {}
         1 => ops.push(own_op(batch, group[0].seq)),
-        _ => ops.push(strided_op(batch, group)),
+        _ => ops.push(strided_op(batch, group, n_cells)),
     }
     group.clear();
 }
@@ -201,9 +211,17 @@ fn own_op(batch: &StepBatch, i: usize) -> AttnOp<'_> {
 }
 
 /// Decode rows `group` (consecutive in the batch, windows on a common grid)
-/// attending in one op over equally spaced regions of the pool.
-fn strided_op<'b>(batch: &'b StepBatch, group: &[Member]) -> AttnOp<'b> {
+/// attending in one op over equally spaced regions of the pool, each
+/// [`WIDTH_GRANULE`]-rounded when the pool has room.
+fn strided_op<'b>(batch: &'b StepBatch, group: &[Member], n_cells: usize) -> AttnOp<'b> {
     let (b0, stride, n_regions, width) = layout(&group.iter().collect::<Vec<_>>());
+    let rounded = width.next_multiple_of(WIDTH_GRANULE);
+    let b1 = b0 + (n_regions - 1) * stride;
+    let width = if b1 + rounded <= n_cells && b0 + n_regions * rounded <= n_cells {
+        rounded
+    } else {
+        width
+    };
     let swa = batch.seqs[group[0].seq].mask_swa.is_some();
     let first = &batch.seqs[group[0].seq];
     let mut q_rows = vec![first.row_start as i32; n_regions];
@@ -303,7 +321,8 @@ mod tests {
             decode(2, &[(192, 16)], 0),
             decode(3, &[(8, 4), (4, 4)], 4),
         ]);
-        let ops = plan(&b, 1024, true);
+        // A 512-cell pool has no room for 4 regions of a rounded width.
+        let ops = plan(&b, 512, true);
         assert_eq!(ops.len(), 2);
         let g = &ops[0];
         assert_eq!((g.row_start, g.n_rows), (0, 3));
@@ -325,7 +344,23 @@ mod tests {
         assert_eq!((ops[1].row_start, ops[1].n_rows), (3, 1));
         assert!(ops[1].strided.is_none());
         // On a GPU too (the same grouping).
-        assert_eq!(plan(&b, 1024, false).len(), 2);
+        assert_eq!(plan(&b, 512, false).len(), 2);
+        // With room, each region is WIDTH_GRANULE cells: the same visible cells.
+        let wide = plan(&b, 1024, true);
+        let w = &wide[0];
+        assert_eq!(
+            w.runs,
+            vec![CellRun {
+                start: 0,
+                len: WIDTH_GRANULE
+            }]
+        );
+        assert_eq!(w.mask_shape(), vec![WIDTH_GRANULE as i64, 1, 1, 4]);
+        for region in 0..4 {
+            let row = &w.mask[region * WIDTH_GRANULE..(region + 1) * WIDTH_GRANULE];
+            assert_eq!(&row[..4], &g.mask[region * 4..region * 4 + 4]);
+            assert!(row[4..].iter().all(|&m| m == NEG_INF_F16));
+        }
     }
 
     #[test]

@@ -16,7 +16,9 @@ pub mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
-use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, GgmlError, Scheduler, Tensor};
+use tempo9_ggml::{
+    Backend, Context, DType, Device, DeviceKind, GgmlError, KeptGraph, Scheduler, Tensor,
+};
 use tempo9_gguf::{GgufError, GgufFile};
 
 pub use hparams::{Arch, HParams};
@@ -127,6 +129,91 @@ enum Graphs {
 /// splits graphs between them. Owned by the engine thread.
 pub struct Executor {
     sched: Scheduler,
+    /// The last step's graph, allocated by `sched`, for the next step of its shape.
+    kept: Option<StepGraph>,
+}
+
+/// Everything a step's graph depends on besides its input values: a step of an
+/// equal shape computes on the same graph with new inputs.
+#[derive(Debug, PartialEq, Eq)]
+struct StepShape {
+    /// Addresses of the model and KV store (alive: the kept graph owns them).
+    model: usize,
+    kv: usize,
+    n_tokens: usize,
+    n_out: usize,
+    /// Each sequence's (first row, rows): the matmul row groups.
+    seqs: Vec<(usize, usize)>,
+    ops: Vec<OpShape>,
+}
+
+/// What an attention op bakes into the graph: its rows and the KV cells it views.
+#[derive(Debug, PartialEq, Eq)]
+struct OpShape {
+    row_start: usize,
+    n_rows: usize,
+    runs: Vec<CellRun>,
+    swa: bool,
+    /// (stride, regions, rows) of a strided op.
+    strided: Option<(usize, usize, usize)>,
+}
+
+impl StepShape {
+    fn of(model: &Model, kv: &KvStore, b: &StepBatch, ops: &[attn::AttnOp<'_>]) -> StepShape {
+        StepShape {
+            model: model as *const Model as usize,
+            kv: kv as *const KvStore as usize,
+            n_tokens: b.tokens.len(),
+            n_out: b.output_rows.len(),
+            seqs: b.seqs.iter().map(|s| (s.row_start, s.n_rows)).collect(),
+            ops: ops
+                .iter()
+                .map(|op| OpShape {
+                    row_start: op.row_start,
+                    n_rows: op.n_rows,
+                    runs: op.runs.clone(),
+                    swa: op.mask_swa.is_some(),
+                    strided: op
+                        .strided
+                        .as_ref()
+                        .map(|st| (st.stride, st.q_rows.len(), st.regions.len())),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A built and allocated step graph with the indices of its kept tensors.
+struct StepGraph {
+    shape: StepShape,
+    graph: KeptGraph,
+    ins: InputIds,
+}
+
+/// Indices of one attention op's inputs.
+struct AttnIds {
+    mask: usize,
+    mask_swa: Option<usize>,
+    /// A strided op's (q_rows, regions).
+    strided: Option<(usize, usize)>,
+}
+
+/// Adds `t` to the tensors a step graph keeps; returns its index.
+fn kept<'c>(keep: &mut Vec<Tensor<'c>>, t: Tensor<'c>) -> usize {
+    keep.push(t);
+    keep.len() - 1
+}
+
+/// Indices (into [`KeptGraph::tensor`]) of a step graph's inputs and logits.
+struct InputIds {
+    tokens: usize,
+    pos: usize,
+    slots: usize,
+    out_ids: usize,
+    logits: usize,
+    attn: Vec<AttnIds>,
+    /// Window row indices with their values.
+    window_rows: Vec<(usize, Vec<i64>)>,
 }
 
 impl Executor {
@@ -142,7 +229,7 @@ impl Executor {
         let mut sched = Scheduler::new(backends, INITIAL_SCHED_SIZE)?;
         // TEMPO9_DUMP_TENSORS=1 prints every node's sum, to compare with llama-eval-callback.
         sched.set_debug_dump(std::env::var_os("TEMPO9_DUMP_TENSORS").is_some());
-        Ok(Executor { sched })
+        Ok(Executor { sched, kept: None })
     }
 
     /// Bytes of the scheduler's compute buffers (grow with the largest step so far).
@@ -262,9 +349,9 @@ impl Model {
     }
 
     /// A KV pool of `n_cells` cells for this model, each layer's cells on the
-    /// device that holds the layer's weights.
-    pub fn new_kv(&self, n_cells: usize) -> Result<KvStore, ModelError> {
-        KvStore::with_offload(&self.hp, self.device, n_cells, self.offload)
+    /// device that holds the layer's weights; shared with the step graphs that read it.
+    pub fn new_kv(&self, n_cells: usize) -> Result<Arc<KvStore>, ModelError> {
+        KvStore::with_offload(&self.hp, self.device, n_cells, self.offload).map(Arc::new)
     }
 
     fn check(&self, b: &StepBatch, kv: &KvStore) -> Result<(), ModelError> {
@@ -327,18 +414,46 @@ impl Model {
     }
 
     /// Runs one step: writes the batch's K/V into `kv` and returns logits,
-    /// `output_rows.len() * n_vocab` floats in output-row order.
+    /// `output_rows.len() * n_vocab` floats in output-row order. A step of the same
+    /// shape as the executor's previous one (steady decoding) reuses its graph.
     pub fn forward(
-        &self,
+        self: &Arc<Self>,
         exec: &mut Executor,
-        kv: &KvStore,
+        kv: &Arc<KvStore>,
         batch: &StepBatch,
     ) -> Result<Vec<f32>, ModelError> {
         self.check(batch, kv)?;
+        let cpu = self.device.kind() == DeviceKind::Cpu;
+        let ops = attn::plan(batch, kv.n_cells(), cpu);
+        let shape = StepShape::of(self, kv, batch, &ops);
+        let Executor { sched, kept } = exec;
+        if kept.as_ref().is_none_or(|k| k.shape != shape) {
+            // Free the old graph's context before building the next.
+            *kept = None;
+            *kept = Some(self.build(sched, kv, batch, &ops, shape)?);
+        }
+        let step = kept.as_ref().expect("built above");
+        let result = self.run(sched, step, batch, &ops);
+        if result.is_err() {
+            // The scheduler may be half-way through it: build afresh next time.
+            *kept = None;
+        }
+        result
+    }
+
+    /// Builds and allocates a step's graph.
+    fn build(
+        self: &Arc<Self>,
+        sched: &mut Scheduler,
+        kv: &Arc<KvStore>,
+        batch: &StepBatch,
+        ops: &[attn::AttnOp<'_>],
+        shape: StepShape,
+    ) -> Result<StepGraph, ModelError> {
         let n_t = batch.tokens.len();
         let n_out = batch.output_rows.len();
-        // Size the per-step arena to this graph (a fixed worst case would cost a large
-        // allocation and page faults on every decode step).
+        // Size the arena to this graph (a fixed worst case would cost a large
+        // allocation and page faults on every rebuild).
         // Per layer: fixed ops plus, per sequence, its own matmul group in each of
         // the ~7 projections (view, matmul, concat), its attention ops and the K
         // and V window (a view and a copy per run).
@@ -354,91 +469,137 @@ impl Model {
                 "step needs ~{nodes} graph nodes, more than {MAX_NODES}: fewer sequences or pages per step"
             )));
         }
-        let ctx = Context::new(nodes * 2, nodes)?;
         let cpu = self.device.kind() == DeviceKind::Cpu;
-        let ops = attn::plan(batch, kv.n_cells(), cpu);
-        let mask_input =
-            |name: &str, op: &attn::AttnOp<'_>| ctx.new_input(name, DType::F16, &op.mask_shape());
-        let index_input = |name: &str, n: usize| ctx.new_input(name, DType::I32, &[n as i64]);
-        let inp = Inputs {
-            tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
-            pos: ctx.new_input("inp_pos", DType::I32, &[n_t as i64]),
-            slots: ctx.new_input("inp_kv_slots", DType::I64, &[n_t as i64]),
-            seqs: batch
-                .seqs
-                .iter()
-                .map(|s| SeqInputs {
-                    row_start: s.row_start,
-                    n_rows: s.n_rows,
-                })
-                .collect(),
-            attn: ops
-                .iter()
-                .map(|op| AttnInputs {
-                    row_start: op.row_start,
-                    n_rows: op.n_rows,
-                    runs: op.runs.clone(),
-                    mask: mask_input("inp_mask", op),
-                    mask_swa: op.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", op)),
-                    strided: op.strided.as_ref().map(|st| StridedInputs {
-                        stride: st.stride,
-                        q_rows: index_input("inp_attn_q_rows", st.q_rows.len()),
-                        regions: index_input("inp_attn_regions", st.regions.len()),
-                    }),
-                })
-                .collect(),
-            out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
-            n_tokens: n_t,
-            window_rows: Vec::new(),
-        };
-        let graph = ctx.new_graph(nodes);
-        let mut b = Builder {
-            ctx: &ctx,
-            graph,
-            w: &self.weights,
-            kv,
-            hp: &self.hp,
-            inp,
-            cpu,
-        };
-        let logits: Tensor<'_> = match &self.graphs {
-            Graphs::Llama(g) => g.build(&mut b),
-            Graphs::Gemma3(g) => g.build(&mut b),
-        };
-        logits.set_output();
-        b.graph.expand(logits);
-        let Builder { graph, inp, .. } = b;
+        let deps = (self.clone(), kv.clone());
+        let (graph, ins) = KeptGraph::build(Context::new(nodes * 2, nodes)?, deps, |ctx, deps| {
+            let (model, kv) = (&*deps.0, &*deps.1);
+            let mask_input = |name: &str, op: &attn::AttnOp<'_>| {
+                ctx.new_input(name, DType::F16, &op.mask_shape())
+            };
+            let index_input = |name: &str, n: usize| ctx.new_input(name, DType::I32, &[n as i64]);
+            let inp = Inputs {
+                tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
+                pos: ctx.new_input("inp_pos", DType::I32, &[n_t as i64]),
+                slots: ctx.new_input("inp_kv_slots", DType::I64, &[n_t as i64]),
+                seqs: batch
+                    .seqs
+                    .iter()
+                    .map(|s| SeqInputs {
+                        row_start: s.row_start,
+                        n_rows: s.n_rows,
+                    })
+                    .collect(),
+                attn: ops
+                    .iter()
+                    .map(|op| AttnInputs {
+                        row_start: op.row_start,
+                        n_rows: op.n_rows,
+                        runs: op.runs.clone(),
+                        mask: mask_input("inp_mask", op),
+                        mask_swa: op.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", op)),
+                        strided: op.strided.as_ref().map(|st| StridedInputs {
+                            stride: st.stride,
+                            q_rows: index_input("inp_attn_q_rows", st.q_rows.len()),
+                            regions: index_input("inp_attn_regions", st.regions.len()),
+                        }),
+                    })
+                    .collect(),
+                out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
+                n_tokens: n_t,
+                window_rows: Vec::new(),
+            };
+            let graph = ctx.new_graph(nodes);
+            let mut b = Builder {
+                ctx,
+                graph,
+                w: &model.weights,
+                kv,
+                hp: &model.hp,
+                inp,
+                cpu,
+            };
+            let logits: Tensor<'_> = match &model.graphs {
+                Graphs::Llama(g) => g.build(&mut b),
+                Graphs::Gemma3(g) => g.build(&mut b),
+            };
+            logits.set_output();
+            b.graph.expand(logits);
+            let Builder { graph, inp, .. } = b;
+            // The tensors written or read each step, by index.
+            let mut keep = Vec::new();
+            let mut ins = InputIds {
+                tokens: kept(&mut keep, inp.tokens),
+                pos: kept(&mut keep, inp.pos),
+                slots: kept(&mut keep, inp.slots),
+                out_ids: kept(&mut keep, inp.out_ids),
+                logits: kept(&mut keep, logits),
+                attn: Vec::new(),
+                window_rows: Vec::new(),
+            };
+            for t in &inp.attn {
+                let mask = kept(&mut keep, t.mask);
+                let swa = t.mask_swa.map(|m| kept(&mut keep, m));
+                let strided = t
+                    .strided
+                    .as_ref()
+                    .map(|st| (kept(&mut keep, st.q_rows), kept(&mut keep, st.regions)));
+                ins.attn.push(AttnIds {
+                    mask,
+                    mask_swa: swa,
+                    strided,
+                });
+            }
+            for (t, rows) in inp.window_rows {
+                ins.window_rows.push((kept(&mut keep, t), rows));
+            }
+            Ok::<_, ModelError>((graph, keep, ins))
+        })?;
         // Nodes (at most `nodes`, the graph's capacity) plus leafs (weights, inputs;
         // fewer than the nodes): ggml's scheduler tables hold both.
-        exec.sched.reserve(2 * nodes)?;
-        exec.sched.alloc(&graph)?;
+        sched.reserve(2 * nodes)?;
+        sched.alloc(&graph.graph())?;
+        Ok(StepGraph { shape, graph, ins })
+    }
+
+    /// Writes a step's inputs into its allocated graph, computes it and reads the logits.
+    fn run(
+        &self,
+        sched: &mut Scheduler,
+        step: &StepGraph,
+        batch: &StepBatch,
+        ops: &[attn::AttnOp<'_>],
+    ) -> Result<Vec<f32>, ModelError> {
+        let (g, ins) = (&step.graph, &step.ins);
         let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
-        inp.tokens.write(&toks)?;
-        inp.pos.write(&batch.positions)?;
-        inp.slots.write(&batch.kv_slots)?;
-        for (t, op) in inp.attn.iter().zip(&ops) {
+        g.tensor(ins.tokens).write(&toks)?;
+        g.tensor(ins.pos).write(&batch.positions)?;
+        g.tensor(ins.slots).write(&batch.kv_slots)?;
+        for (ids, op) in ins.attn.iter().zip(ops) {
+            let (mask, swa, strided) = (ids.mask, ids.mask_swa, ids.strided);
             // A mask no layer reads (e.g. full attention in a model whose every layer
             // slides) is not allocated.
-            if t.mask.is_allocated() {
-                t.mask.write(&op.mask)?;
+            let mask = g.tensor(mask);
+            if mask.is_allocated() {
+                mask.write(&op.mask)?;
             }
-            if let (Some(t), Some(m)) = (t.mask_swa, &op.mask_swa) {
+            if let (Some(t), Some(m)) = (swa, &op.mask_swa) {
+                let t = g.tensor(t);
                 if t.is_allocated() {
                     t.write(m)?;
                 }
             }
-            if let (Some(t), Some(st)) = (&t.strided, &op.strided) {
-                t.q_rows.write(&st.q_rows)?;
-                t.regions.write(&st.regions)?;
+            if let (Some((q_rows, regions)), Some(st)) = (strided, &op.strided) {
+                g.tensor(q_rows).write(&st.q_rows)?;
+                g.tensor(regions).write(&st.regions)?;
             }
         }
-        inp.out_ids.write(&batch.output_rows)?;
-        for (t, rows) in &inp.window_rows {
-            t.write(rows)?;
+        g.tensor(ins.out_ids).write(&batch.output_rows)?;
+        for (t, rows) in &ins.window_rows {
+            g.tensor(*t).write(rows)?;
         }
-        exec.sched.compute(&graph)?;
-        let mut out = vec![0f32; n_out * self.hp.n_vocab];
-        logits.read_f32(0, &mut out)?;
+        sched.compute(&g.graph())?;
+        let mut out = vec![0f32; batch.output_rows.len() * self.hp.n_vocab];
+        g.tensor(ins.logits).read_f32(0, &mut out)?;
         Ok(out)
     }
 }

@@ -146,14 +146,14 @@ fn tiny_llama_ff(ff_meta: usize, tweak: impl FnOnce(&mut Writer), skip: Option<&
     w.finish()
 }
 
-fn load(bytes: Vec<u8>) -> Result<Model, ModelError> {
+fn load(bytes: Vec<u8>) -> Result<Arc<Model>, ModelError> {
     let f = Arc::new(GgufFile::from_bytes(bytes)?);
-    Model::from_gguf(f, LoadOptions::new(Device::cpu()))
+    Model::from_gguf(f, LoadOptions::new(Device::cpu())).map(Arc::new)
 }
 
 /// One step over `seqs` (token lists), sequence i's token j in cell `base[i] + j`
 /// of a 16-cell window; returns the logits of every token.
-fn step(model: &Model, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
+fn step(model: &Arc<Model>, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
     let windows: Vec<Vec<CellRun>> = base
         .iter()
         .map(|&start| vec![CellRun { start, len: 16 }])
@@ -163,15 +163,15 @@ fn step(model: &Model, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
 
 /// One step over `seqs`, sequence i's window made of the cell runs `windows[i]`
 /// (token j in the window's cell j).
-fn step_windows(model: &Model, seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> Vec<Vec<f32>> {
+fn step_windows(model: &Arc<Model>, seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> Vec<Vec<f32>> {
     let kv = model.new_kv(64).unwrap();
     step_on(model, &kv, seqs, windows)
 }
 
 /// Like [`step_windows`] on an existing KV store.
 fn step_on(
-    model: &Model,
-    kv: &tempo9_models::KvStore,
+    model: &Arc<Model>,
+    kv: &Arc<tempo9_models::KvStore>,
     seqs: &[&[u32]],
     windows: &[Vec<CellRun>],
 ) -> Vec<Vec<f32>> {
@@ -251,8 +251,8 @@ fn masked_stale_cells_do_not_matter() {
 /// One decode row per `(token, position, window)`, in one step; returns each row's
 /// logits. The token's K/V goes to the window's cell at its position.
 fn decode_step(
-    model: &Model,
-    kv: &tempo9_models::KvStore,
+    model: &Arc<Model>,
+    kv: &Arc<tempo9_models::KvStore>,
     rows: &[(u32, usize, Vec<CellRun>)],
 ) -> Vec<Vec<f32>> {
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 2).unwrap();
