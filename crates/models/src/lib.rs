@@ -131,6 +131,8 @@ pub struct Executor {
     sched: Scheduler,
     /// The last step's graph, allocated by `sched`, for the next step of its shape.
     kept: Option<StepGraph>,
+    /// Step graphs built so far.
+    built: u64,
 }
 
 /// Everything a step's graph depends on besides its input values: a step of an
@@ -229,7 +231,16 @@ impl Executor {
         let mut sched = Scheduler::new(backends, INITIAL_SCHED_SIZE)?;
         // TEMPO9_DUMP_TENSORS=1 prints every node's sum, to compare with llama-eval-callback.
         sched.set_debug_dump(std::env::var_os("TEMPO9_DUMP_TENSORS").is_some());
-        Ok(Executor { sched, kept: None })
+        Ok(Executor {
+            sched,
+            kept: None,
+            built: 0,
+        })
+    }
+
+    /// Step graphs built so far (a step of the previous step's shape reuses its graph).
+    pub fn graphs_built(&self) -> u64 {
+        self.built
     }
 
     /// Bytes of the scheduler's compute buffers (grow with the largest step so far).
@@ -426,11 +437,12 @@ impl Model {
         let cpu = self.device.kind() == DeviceKind::Cpu;
         let ops = attn::plan(batch, kv.n_cells(), cpu);
         let shape = StepShape::of(self, kv, batch, &ops);
-        let Executor { sched, kept } = exec;
+        let Executor { sched, kept, built } = exec;
         if kept.as_ref().is_none_or(|k| k.shape != shape) {
             // Free the old graph's context before building the next.
             *kept = None;
             *kept = Some(self.build(sched, kv, batch, &ops, shape)?);
+            *built += 1;
         }
         let step = kept.as_ref().expect("built above");
         let result = self.run(sched, step, batch, &ops);

@@ -176,6 +176,13 @@ fn step_on(
     windows: &[Vec<CellRun>],
 ) -> Vec<Vec<f32>> {
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
+    let b = prompt_batch(seqs, windows);
+    let l = model.forward(&mut exec, kv, &b).unwrap();
+    l.chunks(VOCAB).map(|c| c.to_vec()).collect()
+}
+
+/// The step of [`step_on`]: every sequence's tokens from position 0, all rows output.
+fn prompt_batch(seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> StepBatch {
     let mut b = StepBatch::default();
     for (s, toks) in seqs.iter().enumerate() {
         let cells: Vec<usize> = windows[s]
@@ -199,8 +206,38 @@ fn step_on(
         });
     }
     b.output_rows = (0..b.tokens.len() as i32).collect();
-    let l = model.forward(&mut exec, kv, &b).unwrap();
-    l.chunks(VOCAB).map(|c| c.to_vec()).collect()
+    b
+}
+
+/// A step of the same shape as the executor's previous one runs on the kept graph
+/// (no new allocation) and computes exactly what a freshly built graph does with
+/// the new inputs; a step of another shape builds a new graph.
+#[test]
+fn steps_of_one_shape_reuse_the_graph() {
+    let model = load(tiny_llama(|_| {}, None)).expect("load");
+    let run = |start, len| CellRun { start, len };
+    let w = [vec![run(0, 16)], vec![run(16, 16)]];
+    let (a, b): (&[u32], &[u32]) = (&[1, 5, 9, 13, 2], &[7, 3, 3, 11, 4]);
+    let fresh = |seqs: &[&[u32]]| step_windows(&model, seqs, &w[..seqs.len()]);
+    let kv = model.new_kv(64).unwrap();
+    let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
+    let mut forward = |seqs: &[&[u32]]| {
+        let before = exec.graphs_built();
+        let l = model
+            .forward(&mut exec, &kv, &prompt_batch(seqs, &w[..seqs.len()]))
+            .unwrap();
+        let built = exec.graphs_built() - before;
+        (
+            l.chunks(VOCAB).map(|c| c.to_vec()).collect::<Vec<_>>(),
+            built,
+        )
+    };
+    assert_eq!(forward(&[a]), (fresh(&[a]), 1));
+    // Same shape, other tokens: the kept graph, new numbers.
+    assert_eq!(forward(&[b]), (fresh(&[b]), 0));
+    // Another shape (two sequences), then back.
+    assert_eq!(forward(&[a, b]), (fresh(&[a, b]), 1));
+    assert_eq!(forward(&[a]), (fresh(&[a]), 1));
 }
 
 /// A window scattered over several runs of cells (a paged cache) computes exactly
