@@ -925,10 +925,12 @@ impl EngineCore {
             return;
         }
         self.short_sources.prune(&self.pool);
+        // A preempted and resumed request keeps its `exact_cells`, but its first page
+        // holds those cells again only once its prompt is recomputed (or re-hit).
         let running = self
             .running
             .iter()
-            .filter(|r| r.exact_cells > 0)
+            .filter(|r| r.exact_cells > 0 && r.n_computed >= r.n_prompt)
             .map(|r| Source {
                 page: self
                     .pool
