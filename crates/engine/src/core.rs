@@ -30,7 +30,7 @@ use crate::request::{
 };
 use crate::sampler::{log_softmax_top, Sampler};
 use crate::scheduler::{Policy, Rank};
-use crate::short_prefix::{self, FinishedSources, Source};
+use crate::short_prefix::{self, FinishedSources, Source, ROW_GROUP};
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 
@@ -901,11 +901,15 @@ impl EngineCore {
         work
     }
 
-    /// How many leading tokens of `w` a prefix-cache lookup may cover. A cache hit
-    /// must leave at least [`CHUNK_ALIGN`] prompt tokens to compute (or none of the
-    /// prompt: a resumed request whose whole prompt and some output are cached), so
-    /// the prompt's last chunk runs through the same kernels as without the cache.
-    /// (Shorter prompts may copy part of a page instead: [`Self::copy_short_prefix`].)
+    /// How many leading tokens of `w` a prefix-cache lookup may cover. A hit ends on
+    /// a page boundary (a multiple of [`CHUNK_ALIGN`], where the prompt's chunks
+    /// start, so the matmuls' row blocks line up) and leaves at least
+    /// [`ROW_GROUP`] prompt tokens to compute (or none of the prompt: a resumed
+    /// request whose whole prompt and some output are cached): matmuls over fewer
+    /// rows (2-7) were seen to round differently. The rest runs through the same
+    /// flash-attention kernel as from scratch (padded to a tile:
+    /// `SeqSpan::tiled_prompt`). (Prompts under a chunk copy part of a page
+    /// instead: [`Self::copy_short_prefix`].)
     fn usable_prefix(&self, w: &Live) -> usize {
         let m = self.pool.lookup_prefix(&w.tokens, 0);
         let on_disk = self.ssd_continuation(&w.tokens, &m).len();
@@ -913,7 +917,8 @@ impl EngineCore {
         if full >= w.n_prompt {
             w.tokens.len()
         } else {
-            w.n_prompt.saturating_sub(CHUNK_ALIGN - 1).max(1)
+            // `lookup_prefix` covers at most (usable - 1) / page_size pages.
+            w.n_prompt.saturating_sub(ROW_GROUP - 1).max(1)
         }
     }
 
@@ -1102,6 +1107,7 @@ impl EngineCore {
                 window,
                 mask: mask.into_data(),
                 mask_swa: mask_swa.map(MaskBuilder::into_data),
+                tiled_prompt: s.n_prompt >= CHUNK_ALIGN && w.start < s.n_prompt,
             });
         }
         if b.output_rows.is_empty() {

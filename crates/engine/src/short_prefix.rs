@@ -1,7 +1,7 @@
 //! Prefix reuse inside a page, for prompts shorter than [`CHUNK_ALIGN`] tokens.
 //!
-//! The prefix cache shares whole pages, and a hit must leave a whole chunk to
-//! compute, so a prompt under [`CHUNK_ALIGN`] tokens never hits. Yet short prompts
+//! The prefix cache shares whole pages, so a prompt under [`CHUNK_ALIGN`] tokens
+//! (no whole page to share) never hits. Yet short prompts
 //! that differ only in their last words are common (chat turns, a batch of similar
 //! requests), and llama.cpp's server reuses a slot's previous prompt token by token.
 //!

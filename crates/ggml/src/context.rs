@@ -357,6 +357,17 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_cpy(c, a.raw(), b.raw()) })
     }
 
+    /// `a` (F32, any strides) extended with `pad[d]` zeros at the end of each
+    /// dimension `d`.
+    pub fn pad<'a>(&'a self, a: Tensor<'a>, pad: [i32; 4]) -> Tensor<'a> {
+        assert!(
+            a.dtype() == DType::F32 && pad.iter().all(|&p| p >= 0),
+            "pad: F32 and non-negative padding"
+        );
+        // SAFETY: live tensor; checked above.
+        self.op1(|c| unsafe { sys::ggml_pad(c, a.raw(), pad[0], pad[1], pad[2], pad[3]) })
+    }
+
     /// `a` and `b` joined along dimension `dim` (all other dimensions equal).
     pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: usize) -> Tensor<'a> {
         let (an, bn) = (a.ne(), b.ne());

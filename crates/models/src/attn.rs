@@ -31,6 +31,14 @@ use crate::{CellRun, StepBatch};
 /// kernel; such rows keep their own op.
 const FA_SPLIT_KV_MIN: usize = 512;
 
+/// ggml's CPU flash attention runs its tiled kernel from this many query rows (one
+/// tile). That kernel gives each row the same numbers whatever other rows share its
+/// tile (a row's scores, softmax and output are computed on their own; the tile
+/// product is always a full tile, padded with zero rows; a KV tile skipped for all
+/// rows adds nothing a row would not skip by itself), so a short chunk padded to a
+/// tile computes exactly what its rows get inside a longer chunk.
+pub(crate) const FA_TILE_ROWS: usize = 64;
+
 /// A strided op scans `regions × width` mask cells; it is used while that is at
 /// most this factor times the cells its rows see, plus [`GROUP_SLACK_CELLS`] (a
 /// masked cell costs one F16 compare, a visible one a dot product and an update).
@@ -51,10 +59,13 @@ pub(crate) struct AttnOp<'b> {
     pub row_start: usize,
     /// Query rows; consecutive in the batch.
     pub n_rows: usize,
+    /// Query rows of the flash-attention op: `n_rows`, or [`FA_TILE_ROWS`] for a
+    /// short chunk of a tiled prompt (the rows after `n_rows` are padding).
+    pub fa_rows: usize,
     /// The KV cells attended over, laid end to end (for a strided op: the first
     /// region).
     pub runs: Vec<CellRun>,
-    /// F16 bits, `[n_kv, n_rows]`, or `[width, regions]` for a strided op.
+    /// F16 bits, `[n_kv, fa_rows]`, or `[width, regions]` for a strided op.
     pub mask: Cow<'b, [u16]>,
     /// The sliding-window mask, same shape.
     pub mask_swa: Option<Cow<'b, [u16]>>,
@@ -84,7 +95,7 @@ impl AttnOp<'_> {
     pub fn mask_shape(&self) -> Vec<i64> {
         match &self.strided {
             Some(st) => vec![self.n_kv() as i64, 1, 1, st.q_rows.len() as i64],
-            None => vec![self.n_kv() as i64, self.n_rows as i64],
+            None => vec![self.n_kv() as i64, self.fa_rows as i64],
         }
     }
 }
@@ -145,14 +156,14 @@ pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'
     let mut ops = Vec::with_capacity(batch.seqs.len());
     let mut group: Vec<Member> = Vec::new();
     for (i, s) in batch.seqs.iter().enumerate() {
-        let segs = if s.n_rows == 1 && (!cpu || s.n_kv() < FA_SPLIT_KV_MIN) {
+        let segs = if s.n_rows == 1 && !s.tiled_prompt && (!cpu || s.n_kv() < FA_SPLIT_KV_MIN) {
             ascending_visible(&s.window, &s.mask)
         } else {
             None
         };
         let Some(segs) = segs else {
             flush(batch, &mut group, &mut ops, n_cells);
-            ops.push(own_op(batch, i));
+            ops.push(own_op(batch, i, cpu));
             continue;
         };
         let m = Member { seq: i, segs };
@@ -191,21 +202,50 @@ fn flush<'b>(
 ) {
     match group.len() {
         0 => {}
-        1 => ops.push(own_op(batch, group[0].seq)),
+        // Members are decode rows (never a tiled prompt's chunk): nothing to pad.
+        1 => ops.push(own_op(batch, group[0].seq, false)),
         _ => ops.push(strided_op(batch, group, n_cells)),
     }
     group.clear();
 }
 
-/// Sequence `i` attending over its own window.
-fn own_op(batch: &StepBatch, i: usize) -> AttnOp<'_> {
+/// Sequence `i` attending over its own window; on the CPU a short chunk of a tiled
+/// prompt is padded to [`FA_TILE_ROWS`] query rows (the padding rows' masks repeat
+/// the last row's, so the tile skips exactly the KV tiles it would skip unpadded).
+fn own_op(batch: &StepBatch, i: usize, cpu: bool) -> AttnOp<'_> {
     let s = &batch.seqs[i];
+    let fa_rows = if cpu && s.tiled_prompt && s.n_rows < FA_TILE_ROWS {
+        FA_TILE_ROWS
+    } else {
+        s.n_rows
+    };
+    let pad = |m: &[u16]| {
+        let n_kv = s.n_kv();
+        let mut out = m.to_vec();
+        let last = &m[(s.n_rows - 1) * n_kv..];
+        for _ in s.n_rows..fa_rows {
+            out.extend_from_slice(last);
+        }
+        out
+    };
+    let (mask, mask_swa) = if fa_rows > s.n_rows {
+        (
+            Cow::Owned(pad(&s.mask)),
+            s.mask_swa.as_deref().map(|m| Cow::Owned(pad(m))),
+        )
+    } else {
+        (
+            Cow::Borrowed(s.mask.as_slice()),
+            s.mask_swa.as_deref().map(Cow::Borrowed),
+        )
+    };
     AttnOp {
         row_start: s.row_start,
         n_rows: s.n_rows,
+        fa_rows,
         runs: s.window.clone(),
-        mask: Cow::Borrowed(s.mask.as_slice()),
-        mask_swa: s.mask_swa.as_deref().map(Cow::Borrowed),
+        mask,
+        mask_swa,
         strided: None,
     }
 }
@@ -244,6 +284,7 @@ fn strided_op<'b>(batch: &'b StepBatch, group: &[Member], n_cells: usize) -> Att
     AttnOp {
         row_start: first.row_start,
         n_rows: group.len(),
+        fa_rows: group.len(),
         runs: vec![CellRun {
             start: b0,
             len: width,
@@ -297,6 +338,7 @@ mod tests {
             window,
             mask: m.into_data(),
             mask_swa: None,
+            tiled_prompt: false,
         }
     }
 

@@ -34,6 +34,9 @@ pub(crate) struct SeqInputs {
 pub(crate) struct AttnInputs<'a> {
     pub row_start: usize,
     pub n_rows: usize,
+    /// Query rows the attention op runs on: `n_rows`, or more (padding) to run
+    /// ggml's tiled CPU kernel (see [`crate::SeqSpan::tiled_prompt`]).
+    pub fa_rows: usize,
     pub runs: Vec<CellRun>,
     pub mask: Tensor<'a>,
     pub mask_swa: Option<Tensor<'a>>,
@@ -237,10 +240,19 @@ impl<'a> Builder<'a> {
                 (true, Some(m)) => m,
                 _ => op.mask,
             };
-            let q = ctx.permute(qs, [0, 2, 1, 3]);
+            let mut q = ctx.permute(qs, [0, 2, 1, 3]);
             let k = ctx.permute(ks, [0, 2, 1, 3]);
             let v = ctx.permute(vs, [0, 2, 1, 3]);
-            outs.push(ctx.flash_attn(q, k, v, mask, scale)); // [dim_v, n_head, rows]
+            if op.fa_rows > op.n_rows {
+                // Zero queries after the real ones (their outputs are dropped).
+                q = ctx.pad(q, [0, (op.fa_rows - op.n_rows) as i32, 0, 0]);
+            }
+            let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, fa_rows]
+            outs.push(if op.fa_rows > op.n_rows {
+                ctx.view(o, &[o.ne()[0], o.ne()[1], rows], &[o.nb()[1], o.nb()[2]], 0)
+            } else {
+                o
+            });
         }
         let out = self.concat_all(outs, 2);
         ctx.reshape(out, &[(hp.n_head * hp.head_dim_v) as i64, n_t])

@@ -111,6 +111,11 @@ pub struct SeqSpan {
     pub mask: Vec<u16>,
     /// Sliding-window mask of the same shape, for models with sliding-window layers.
     pub mask_swa: Option<Vec<u16>>,
+    /// The rows are a chunk of a prompt that ggml's CPU flash attention computes
+    /// with its tiled kernel when computed from scratch (prompts of a full tile,
+    /// 64 tokens, or more): a shorter chunk of it (after a prefix-cache hit) is
+    /// padded to a full tile of query rows, so its rows round the same way.
+    pub tiled_prompt: bool,
 }
 
 impl SeqSpan {
@@ -154,6 +159,7 @@ struct StepShape {
 struct OpShape {
     row_start: usize,
     n_rows: usize,
+    fa_rows: usize,
     runs: Vec<CellRun>,
     swa: bool,
     /// (stride, regions, rows) of a strided op.
@@ -173,6 +179,7 @@ impl StepShape {
                 .map(|op| OpShape {
                     row_start: op.row_start,
                     n_rows: op.n_rows,
+                    fa_rows: op.fa_rows,
                     runs: op.runs.clone(),
                     swa: op.mask_swa.is_some(),
                     strided: op
@@ -506,6 +513,7 @@ impl Model {
                     .map(|op| AttnInputs {
                         row_start: op.row_start,
                         n_rows: op.n_rows,
+                        fa_rows: op.fa_rows,
                         runs: op.runs.clone(),
                         mask: mask_input("inp_mask", op),
                         mask_swa: op.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", op)),

@@ -203,6 +203,7 @@ fn prompt_batch(seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> StepBatch {
             window: windows[s].clone(),
             mask: mask.into_data(),
             mask_swa: None,
+            tiled_prompt: false,
         });
     }
     b.output_rows = (0..b.tokens.len() as i32).collect();
@@ -310,6 +311,7 @@ fn decode_step(
             window: window.clone(),
             mask: mask.into_data(),
             mask_swa: None,
+            tiled_prompt: false,
         });
     }
     b.output_rows = (0..rows.len() as i32).collect();
