@@ -67,6 +67,15 @@ fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
 
 const N_GEN: usize = 32;
 
+/// A greedy request for `n` tokens that reports its top-4 logprobs (to compare
+/// numbers bit for bit, not just tokens).
+fn with_logprobs(prompt: &[u32], n: usize) -> Request {
+    let mut r = greedy(prompt.to_vec(), n);
+    r.logprobs = true;
+    r.top_logprobs = 4;
+    r
+}
+
 #[test]
 fn same_tokens_alone_batched_warm_and_preempted() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -479,12 +488,7 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
         };
         let tok = tokenizer(&model);
         let enc = |s: &str| tok.encode(s, true, true);
-        let probe = |p: &[u32]| {
-            let mut r = greedy(p.to_vec(), 48);
-            r.logprobs = true;
-            r.top_logprobs = 4;
-            r
-        };
+        let probe = |p: &[u32]| with_logprobs(p, 48);
         let system = "You are a helpful senior software engineer. Answer in detail. ";
         let a = enc(&format!(
             "{system}Explain hash maps to a new team member. (request 1 of 1)"
@@ -558,12 +562,7 @@ fn warm_hits_leaving_short_chunks_are_exact() {
             return;
         };
         let tok = tokenizer(&model);
-        let probe = |p: &[u32]| {
-            let mut r = greedy(p.to_vec(), 1);
-            r.logprobs = true;
-            r.top_logprobs = 4;
-            r
-        };
+        let probe = |p: &[u32]| with_logprobs(p, 1);
         let base = tok.encode(
             &"Summarise the design of a paged KV cache with a global prefix cache. ".repeat(10),
             true,
