@@ -136,9 +136,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 /// Where the time of the steps since `s0` went, per step, in milliseconds: graph
-/// allocation (none when a step reuses its predecessor's graph) and computation (the scheduler's counters; computation includes
-/// waiting for the device) and the rest of the host's work (graph building, input
-/// writes, sampling, engine bookkeeping).
+/// allocation (none when a step reuses its predecessor's graph) and computation
+/// (the scheduler's counters; computation includes waiting for the device) and the
+/// rest of the host's work (graph building, input writes, sampling, engine
+/// bookkeeping).
 fn step_profile(s0: tempo9_ggml::SchedStats, wall: std::time::Duration) -> Value {
     let s1 = tempo9_ggml::sched_stats();
     let steps = (s1.computes - s0.computes).max(1) as f64;

@@ -727,8 +727,7 @@ impl EngineCore {
         if self.pool.contains(s.id) {
             if s.exact_cells > 0 {
                 let page = self.pool.page_table(s.id).expect("allocated")[0];
-                self.short_sources
-                    .remember(&self.pool, page, &s.tokens[..s.exact_cells]);
+                self.short_sources.remember(&self.pool, page, s.exact_cells);
             }
             self.pool.free(s.id).expect("allocated");
         }
@@ -943,31 +942,32 @@ impl EngineCore {
                     .expect("running requests hold pages")[0],
                 tokens: &r.tokens[..r.exact_cells],
             });
-        let Some((page, n)) =
-            short_prefix::best_match(&s.tokens, running.chain(self.short_sources.iter()))
-        else {
+        let Some((page, n)) = short_prefix::best_match(
+            &s.tokens,
+            running.chain(self.short_sources.iter(&self.pool)),
+        ) else {
             return;
         };
         let ps = self.pool.page_size();
+        let failed = |e: &dyn std::fmt::Display| {
+            tracing::warn!(error = %e, "short-prompt prefix copy failed; computing it");
+        };
         // Read before taking a page: taking one may evict the (cached) source.
-        let copied = self.kv.read_cells(page as usize * ps, n).and_then(|data| {
-            let cells = self
-                .pool
-                .append_slots(s.id, n)
-                .map_err(|e| ModelError::BadBatch(e.to_string()))?;
-            self.kv.write_cells(cells[0], n, &data)
-        });
-        match copied {
-            Ok(()) => {
-                s.n_computed = n;
-                s.usage.cached_tokens = n;
-                self.stats.prefix_copied_tokens += n as u64;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "short-prompt prefix copy failed; computing it");
-                self.pool.truncate(s.id, 0).expect("allocated");
-            }
+        let data = match self.kv.read_cells(page as usize * ps, n) {
+            Ok(data) => data,
+            Err(e) => return failed(&e),
+        };
+        let cells = match self.pool.append_slots(s.id, n) {
+            Ok(cells) => cells,
+            Err(e) => return failed(&e),
+        };
+        if let Err(e) = self.kv.write_cells(cells[0], n, &data) {
+            self.pool.truncate(s.id, 0).expect("allocated");
+            return failed(&e);
         }
+        s.n_computed = n;
+        s.usage.cached_tokens = n;
+        self.stats.prefix_copied_tokens += n as u64;
     }
 
     /// Whether `w` shares at least a page of prompt beyond its cached prefix with a

@@ -706,12 +706,13 @@ impl PagePool {
         self.store.page(page).entry.is_some()
     }
 
-    /// While `page` is registered, the number of its registration (which changes
-    /// whenever a registration ends); `None` when it is not registered. A registered
-    /// page is never written, so an equal number means unchanged KV.
-    pub fn registration(&self, page: PageId) -> Option<u64> {
+    /// While `page` is registered: the number of its registration (which changes
+    /// whenever a registration ends) and its tokens; `None` when it is not
+    /// registered. A registered page is never written, so an equal number means
+    /// unchanged KV.
+    pub fn registration(&self, page: PageId) -> Option<(u64, &[TokenId])> {
         let p = self.store.page(page);
-        p.entry.as_ref().map(|_| p.epoch)
+        p.entry.as_ref().map(|e| (p.epoch, &e.tokens[..]))
     }
 
     /// The longest run of cached full pages that starts `tokens` under `salt`.

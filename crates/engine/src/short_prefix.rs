@@ -67,37 +67,41 @@ pub(crate) fn best_match<'a>(
 }
 
 /// First pages of finished short prompts, each valid while the registration it
-/// had when remembered lasts.
+/// had when remembered lasts: (page, registration, exact leading cells).
 #[derive(Debug, Default)]
 pub(crate) struct FinishedSources {
-    entries: VecDeque<(PageId, u64, Vec<u32>)>,
+    entries: VecDeque<(PageId, u64, usize)>,
 }
 
 impl FinishedSources {
-    /// Remembers `page` (holding exact KV for `tokens`) if it is registered, which
-    /// keeps its cells unchanged after its request lets go of it.
-    pub fn remember(&mut self, pool: &PagePool, page: PageId, tokens: &[u32]) {
-        let Some(reg) = pool.registration(page) else {
+    /// Remembers `page` (its first `exact` cells holding exact KV) if it is
+    /// registered, which keeps its cells unchanged after its request lets go of it.
+    pub fn remember(&mut self, pool: &PagePool, page: PageId, exact: usize) {
+        let Some((reg, _)) = pool.registration(page) else {
             return;
         };
         self.entries.retain(|e| e.0 != page);
         if self.entries.len() == FINISHED_CAP {
             self.entries.pop_front();
         }
-        self.entries.push_back((page, reg, tokens.to_vec()));
+        self.entries.push_back((page, reg, exact));
     }
 
     /// Drops the entries whose page was evicted or re-registered since.
     pub fn prune(&mut self, pool: &PagePool) {
         self.entries
-            .retain(|(page, reg, _)| pool.registration(*page) == Some(*reg));
+            .retain(|&(page, reg, _)| pool.registration(page).map(|r| r.0) == Some(reg));
     }
 
-    /// The remembered sources (call [`FinishedSources::prune`] first).
-    pub fn iter(&self) -> impl Iterator<Item = Source<'_>> {
-        self.entries.iter().map(|(page, _, tokens)| Source {
-            page: *page,
-            tokens,
+    /// The remembered sources still registered, their tokens read from the pool
+    /// (call [`FinishedSources::prune`] first to skip the stale ones for good).
+    pub fn iter<'a>(&'a self, pool: &'a PagePool) -> impl Iterator<Item = Source<'a>> {
+        self.entries.iter().filter_map(move |&(page, reg, exact)| {
+            let (r, tokens) = pool.registration(page)?;
+            (r == reg).then(|| Source {
+                page,
+                tokens: &tokens[..exact],
+            })
         })
     }
 }
@@ -145,10 +149,11 @@ mod tests {
         pool.commit_full_pages(1, &toks).unwrap();
         let page = pool.page_table(1).unwrap()[0];
         let mut f = FinishedSources::default();
-        f.remember(&pool, page, &toks[..60]);
+        f.remember(&pool, page, 48);
         pool.free(1).unwrap();
         f.prune(&pool);
-        assert_eq!(f.iter().count(), 1);
+        let sources: Vec<Source<'_>> = f.iter(&pool).collect();
+        assert_eq!((sources.len(), sources[0].tokens), (1, &toks[..48]));
         // Fill the pool with other requests until the cached page is evicted.
         for seq in 2..7 {
             pool.allocate(seq, &[seq as u32], 0).unwrap();
@@ -161,10 +166,11 @@ mod tests {
             pool.append_slots(seq, ps).unwrap();
             held.push(seq);
         }
+        assert_eq!(f.iter(&pool).count(), 0, "evicted pages are no source");
         f.prune(&pool);
-        assert_eq!(f.iter().count(), 0, "evicted pages are no source");
+        assert!(f.entries.is_empty());
         // An unregistered page is never remembered.
-        f.remember(&pool, pool.page_table(10).unwrap()[0], &[1, 2, 3, 4]);
-        assert_eq!(f.iter().count(), 0);
+        f.remember(&pool, pool.page_table(10).unwrap()[0], 16);
+        assert!(f.entries.is_empty());
     }
 }

@@ -67,6 +67,16 @@ fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
 
 const N_GEN: usize = 32;
 
+/// The three real models with their tokenizers, loaded one at a time (stops early
+/// where a model is missing and TEMPO9_SKIP_MODEL_TESTS=1).
+fn real_models() -> impl Iterator<Item = (&'static str, Arc<Model>, Arc<Tokenizer>)> {
+    MODELS.iter().map_while(|&(_, file)| {
+        let model = load(file)?;
+        let tok = tokenizer(&model);
+        Some((file, model, tok))
+    })
+}
+
 /// A greedy request for `n` tokens that reports its top-4 logprobs (to compare
 /// numbers bit for bit, not just tokens).
 fn with_logprobs(prompt: &[u32], n: usize) -> Request {
@@ -482,11 +492,7 @@ fn startup_memory_does_not_depend_on_context() {
 #[test]
 fn short_prompts_copy_a_shared_prefix_exactly() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    for (_, file) in MODELS {
-        let Some(model) = load(file) else {
-            return;
-        };
-        let tok = tokenizer(&model);
+    for (file, model, tok) in real_models() {
         let enc = |s: &str| tok.encode(s, true, true);
         let probe = |p: &[u32]| with_logprobs(p, 48);
         let system = "You are a helpful senior software engineer. Answer in detail. ";
@@ -557,11 +563,7 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
 #[test]
 fn warm_hits_leaving_short_chunks_are_exact() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    for (_, file) in MODELS {
-        let Some(model) = load(file) else {
-            return;
-        };
-        let tok = tokenizer(&model);
+    for (file, model, tok) in real_models() {
         let probe = |p: &[u32]| with_logprobs(p, 1);
         let base = tok.encode(
             &"Summarise the design of a paged KV cache with a global prefix cache. ".repeat(10),
