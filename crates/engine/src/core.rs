@@ -671,6 +671,14 @@ impl EngineCore {
         self.stats.steps_total += 1;
         self.stats.computed_tokens_total += batch.tokens.len() as u64;
         self.stats.forward_seconds_total += forward_s;
+        tracing::debug!(
+            tokens = batch.tokens.len(),
+            sequences = batch.seqs.len(),
+            running = self.running.len(),
+            waiting = self.waiting.len(),
+            forward_ms = forward_s * 1e3,
+            "step"
+        );
         if batch.tokens.len() >= CHUNK_ALIGN {
             let cost = forward_s / batch.tokens.len() as f64;
             self.token_cost_s = Some(self.token_cost_s.map_or(cost, |c| 0.5 * c + 0.5 * cost));
@@ -1070,7 +1078,10 @@ impl EngineCore {
                 .expect("running requests hold pages");
             let row_start = b.tokens.len();
             let n_rows = w.end - w.start;
-            let n_kv = w.end.next_multiple_of(KV_WINDOW_PAD);
+            // A pool smaller than the padded window caps it (the window's cells must
+            // exist); masked cells change no row's numbers on the CPU kernels used for
+            // such windows (see tempo9_models' attention plan).
+            let n_kv = w.end.next_multiple_of(KV_WINDOW_PAD).min(n_cells);
             let mut window: Vec<CellRun> = Vec::new();
             for &p in &table[..w.end.div_ceil(ps)] {
                 let start = p as usize * ps;

@@ -36,11 +36,13 @@ fn greedy(prompt: Vec<u32>, n: usize) -> Request {
     r
 }
 
-/// Chat prompts: four share a long system prompt, four are unrelated; lengths vary.
+/// Chat prompts: four share a long system prompt (their decodes see more than 256
+/// cells, so they attend through matmuls on the CPU: `MATMUL_DECODE_ABOVE`), four
+/// are unrelated; lengths vary.
 fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
     let system = "You are a careful coding assistant working in a large Rust repository. \
         Follow the project's style, explain briefly, and prefer small diffs. "
-        .repeat(6);
+        .repeat(12);
     let questions = [
         "How do I read a file into a string?",
         "Write a function that reverses a vector in place.",
@@ -138,10 +140,10 @@ fn same_tokens_alone_batched_warm_and_preempted() {
     let st = shared.stats();
     assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
 
-    // Preempted: the pool holds about two requests' worth of pages, so the later
-    // ones are preempted (their KV dropped) and recomputed when memory frees up.
+    // Preempted: the pool holds 8 pages (a long prompt needs 6), so later requests
+    // are preempted (their KV dropped) and recomputed when memory frees up.
     let page_bytes = shared.stats().page_bytes;
-    let mut tight = core(&model, &tok, 6 * page_bytes);
+    let mut tight = core(&model, &tok, 8 * page_bytes);
     let out = run_batch(
         &mut tight,
         ps.iter().map(|p| greedy(p.clone(), N_GEN)).collect(),
@@ -155,6 +157,34 @@ fn same_tokens_alone_batched_warm_and_preempted() {
         );
     }
     eprintln!("preempted run: {preempted} preemptions, all outputs identical to alone");
+}
+
+/// A pool smaller than a sequence's padded attention window (384 cells for a
+/// window of 512) caps the window at the pool: the request runs, as it would in a
+/// large pool.
+#[test]
+fn a_pool_smaller_than_the_padded_window_caps_it() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else {
+        return;
+    };
+    let prompt = prompts(&tok).remove(0);
+    assert!(
+        prompt.len() > 256 && prompt.len() + 16 <= 384,
+        "{}",
+        prompt.len()
+    );
+    let big = run_batch(
+        &mut core(&model, &tok, 64 << 20),
+        vec![greedy(prompt.clone(), 16)],
+    );
+    let page_bytes = core(&model, &tok, 64 << 20).stats().page_bytes;
+    let small = run_batch(
+        &mut core(&model, &tok, 6 * page_bytes),
+        vec![greedy(prompt, 16)],
+    );
+    assert_eq!(small[0].tokens.len(), 16, "{:?}", small[0].finish);
+    assert_eq!(small[0].tokens, big[0].tokens);
 }
 
 /// Tiny xorshift RNG for reproducible workloads.

@@ -6,10 +6,30 @@ mod common;
 
 use common::*;
 use tempo9_engine::{EngineConfig, EngineCore, Request};
+use tempo9_models::MATMUL_DECODE_ABOVE;
 
 const N_GEN: usize = 64;
 /// Log-probabilities come from the same ggml kernels as llama.cpp's; allow rounding only.
 const LOGPROB_TOL: f32 = 2e-3;
+/// Decode steps that see more than [`MATMUL_DECODE_ABOVE`] cells attend through
+/// matmuls (exact to ~1e-7 against an f64 reference) where llama.cpp's fixtures used
+/// CPU flash attention, which accumulates V in F16 (~2e-4 error per output: see
+/// `matmul_attention_matches_flash_attention` in tempo9-models). SmolLM2 and the
+/// others amplify that into top-1 log-probability differences up to ~0.13 (0.085
+/// after a single such step); llama.cpp's own `-fa off` differs from these fixtures
+/// by 0.04-0.34 on the same prompts and changes tokens in 12 of 15 SmolLM2 cases.
+/// Tokens must still be identical, except where llama.cpp's logprob of our token is
+/// within [`TIE_MATMUL`] of its best (a near-tie the two kernels may order either way).
+const LOGPROB_TOL_MATMUL: f32 = 0.2;
+/// See [`LOGPROB_TOL_MATMUL`].
+const TIE_MATMUL: f32 = LOGPROB_TOL_MATMUL;
+
+/// Whether generation step `step` of a `prompt`-token prompt ran through matmul
+/// attention: step 0 comes from the prompt's pass; step `s` decodes position
+/// `prompt + s - 1`, seeing `prompt + s` cells.
+fn matmul_step(prompt: usize, step: usize) -> bool {
+    step > 0 && prompt + step > MATMUL_DECODE_ABOVE
+}
 
 /// Greedy with end-of-generation tokens banned: llama.cpp's `ignore_eos`, as in the fixtures.
 fn greedy(prompt: Vec<u32>, top: usize, eog: &[u32]) -> Request {
@@ -41,22 +61,52 @@ fn check_model(dir: &str, file: &str) {
     assert!(cases.len() >= 10, "{dir}: need at least 10 fixture prompts");
     let mut solo: Vec<Output> = Vec::new();
     let mut problems = Vec::new();
-    let mut worst = 0f32;
+    // Worst differences on flash-attention steps and on matmul-attention steps.
+    let (mut worst, mut worst_mm) = (0f32, 0f32);
     for c in cases {
         let name = c["name"].as_str().unwrap_or("?");
         let want = ids(&c["tokens"]);
         let out = run_batch(&mut engine, vec![greedy(ids(&c["prompt_ids"]), 8, &eog)]);
         let got = &out[0].tokens;
+        let n_prompt = c["prompt_ids"].as_array().map_or(0, Vec::len);
+        // On a matmul step, llama.cpp's logprob of `token` is within TIE_MATMUL of its
+        // best: the two kernels may order such near-ties differently.
+        let near_tie = |step: usize, token: u32| -> Option<f64> {
+            let top = c["top"][step].as_array()?;
+            let best = top[0][1].as_f64()?;
+            let lp = top
+                .iter()
+                .find(|e| e[0].as_u64() == Some(u64::from(token)))?[1]
+                .as_f64()?;
+            (matmul_step(n_prompt, step) && best - lp < f64::from(TIE_MATMUL)).then_some(best - lp)
+        };
+        // Steps compared: all, or those before such a near-tie changed the token (the
+        // sequences differ after it).
+        let mut compared = want.len();
         if got != &want {
             let at = got
                 .iter()
                 .zip(&want)
                 .position(|(a, b)| a != b)
                 .unwrap_or(want.len().min(got.len()));
-            problems.push(format!("{name}: tokens differ from llama.cpp at step {at}"));
+            match got.get(at).and_then(|&t| near_tie(at, t)) {
+                Some(gap) => {
+                    eprintln!(
+                        "{dir} {name}: step {at} took a near-tie the other way (gap {gap:.3})"
+                    );
+                    compared = at;
+                }
+                None => problems.push(format!("{name}: tokens differ from llama.cpp at step {at}")),
+            }
         }
         // The raw distribution agrees at every step llama.cpp reported one.
-        for (step, top) in c["top"].as_array().expect("top").iter().enumerate() {
+        for (step, top) in c["top"]
+            .as_array()
+            .expect("top")
+            .iter()
+            .enumerate()
+            .take(compared)
+        {
             let Some(top) = top.as_array() else { continue };
             let Some(ours) = out[0].top_logprobs.get(step) else {
                 break;
@@ -66,24 +116,39 @@ fn check_model(dir: &str, file: &str) {
                 top[0][1].as_f64().unwrap() as f32,
             );
             if ours[0].0 != id {
+                if near_tie(step, ours[0].0).is_some() {
+                    // A banned end-of-generation token on either side of a near-tie:
+                    // the same token was emitted; nothing to compare at this step.
+                    continue;
+                }
                 problems.push(format!(
                     "{name}: step {step} top-1 is {} (llama.cpp {id})",
                     ours[0].0
                 ));
                 break;
             }
-            worst = worst.max((ours[0].1 - lp).abs());
+            let d = (ours[0].1 - lp).abs();
+            if matmul_step(n_prompt, step) {
+                worst_mm = worst_mm.max(d);
+            } else {
+                worst = worst.max(d);
+            }
         }
         solo.push(out[0].clone());
     }
     eprintln!(
-        "{dir}: {} cases, max |top-1 logprob difference| = {worst:.2e}",
+        "{dir}: {} cases, max |top-1 logprob difference| = {worst:.2e} \
+         (matmul-attention decode steps: {worst_mm:.2e})",
         cases.len()
     );
     assert!(problems.is_empty(), "{dir}: {problems:#?}");
     assert!(
         worst < LOGPROB_TOL,
         "{dir}: top-1 logprobs differ by up to {worst}"
+    );
+    assert!(
+        worst_mm < LOGPROB_TOL_MATMUL,
+        "{dir}: top-1 logprobs of matmul-attention steps differ by up to {worst_mm}"
     );
 
     // Batched with three others (mixed prompt lengths, so prefill chunks and decodes

@@ -189,6 +189,40 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_mul_mat(c, a.raw(), b.raw()) })
     }
 
+    /// Outer-product sum `a b^T` in ggml's convention: `[m, k] x [n, k] -> [m, n]`,
+    /// i.e. `out[i, j] = sum_t a[i, t] * b[j, t]`, per matrix of dims 2 and 3 (`b`'s
+    /// may be a multiple of `a`'s). Unlike [`Context::mul_mat`] it reduces over `a`'s
+    /// rows, so `a` can be a row-major V (F16 or F32) without a transposed copy.
+    pub fn out_prod<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        let (an, bn) = (a.ne(), b.ne());
+        assert!(
+            an[1] == bn[1] && bn[2] % an[2] == 0 && bn[3] % an[3] == 0,
+            "out_prod shape mismatch: {an:?} x {bn:?}"
+        );
+        assert!(
+            a.nb()[0] <= a.nb()[1],
+            "out_prod: `a` must not be transposed"
+        );
+        // SAFETY: shapes checked above (ggml's `ggml_can_out_prod`).
+        self.op1(|c| unsafe { sys::ggml_out_prod(c, a.raw(), b.raw()) })
+    }
+
+    /// `softmax(a * scale + mask)` along dim 0; `mask` (F16 or F32, 0 or -inf) is
+    /// `[a.ne0, >= a.ne1]` and broadcast over dims 2 and 3.
+    pub fn soft_max_ext<'a>(&'a self, a: Tensor<'a>, mask: Tensor<'a>, scale: f32) -> Tensor<'a> {
+        let (an, mn) = (a.ne(), mask.ne());
+        assert!(
+            mn[0] == an[0] && mn[1] >= an[1] && an[2] % mn[2] == 0 && an[3] % mn[3] == 0,
+            "soft_max_ext: mask {mn:?} for {an:?}"
+        );
+        assert!(
+            matches!(mask.dtype(), DType::F16 | DType::F32),
+            "soft_max_ext: mask type"
+        );
+        // SAFETY: shapes and types checked above.
+        self.op1(|c| unsafe { sys::ggml_soft_max_ext(c, a.raw(), mask.raw(), scale, 0.0) })
+    }
+
     fn check_repeat(a: Tensor<'_>, b: Tensor<'_>, op: &str) {
         // SAFETY: live tensors.
         assert!(

@@ -1,5 +1,5 @@
 //! Which attention ops a step needs: the plan that maps a [`StepBatch`]'s sequences
-//! onto flash-attention calls.
+//! onto attention ops (flash attention, or matmuls for long decode rows on the CPU).
 //!
 //! Every sequence's numbers must not depend on what else shares the step, and
 //! ggml's CPU flash attention picks its kernel by shape: the tiled kernel from 64
@@ -16,7 +16,10 @@
 //!   its own cells, so the row visits exactly the cells, in exactly the order, that
 //!   its own window would. One op instead of one per sequence plus the concats
 //!   joining them: fewer nodes, so fewer thread barriers per step (+4-8 % decode
-//!   throughput at 8-16 short streams on two cores).
+//!   throughput at 8-16 short streams on two cores);
+//! - decode rows that see more than [`MATMUL_DECODE_ABOVE`] cells skip flash
+//!   attention altogether: matmuls, a softmax and an outer product, in their own
+//!   ops (faster on the CPU at depth, and exact to F32 rounding).
 //!
 //! On a GPU (whose numbers are compared to a tolerance, not bit for bit) decode
 //! rows share strided ops at any window length; its kernels compute masked cells
@@ -25,11 +28,23 @@
 use std::borrow::Cow;
 
 use crate::kv::NEG_INF_F16;
-use crate::{CellRun, StepBatch};
+use crate::{CellRun, SeqSpan, StepBatch};
 
 /// From this many cells, a single query row alone in its op takes the KV-split
 /// kernel; such rows keep their own op.
 const FA_SPLIT_KV_MIN: usize = 512;
+
+/// On the CPU, a decode row that sees more than this many cells attends through
+/// matmuls (`K q`, softmax, then the V-weighted sum as an outer product) rather than
+/// flash attention: ggml's CPU flash attention handles one query row cell by cell (a
+/// scalar `exp` and an F16 accumulator update per cell and head), about 3x slower
+/// at 2K-8K cells (llama-bench tg at depth 2048/8192, flash attention on vs off),
+/// and decoding at depth is what agents sharing a long system prompt spend their
+/// steps on. Prompt chunks keep flash attention (its tiled kernel is the faster one
+/// for many rows). Such a row has its own ops, whose numbers depend only on the
+/// cells it sees (masked cells add exact zeros), so the choice is made on those, not
+/// on the padded window.
+pub const MATMUL_DECODE_ABOVE: usize = 256;
 
 /// ggml's CPU flash attention runs its tiled kernel from this many query rows (one
 /// tile). That kernel gives each row the same numbers whatever other rows share its
@@ -71,6 +86,9 @@ pub(crate) struct AttnOp<'b> {
     pub mask_swa: Option<Cow<'b, [u16]>>,
     /// Set when decode rows share one op over equally spaced regions of the pool.
     pub strided: Option<Strided>,
+    /// Run as matmuls and a softmax instead of flash attention (see
+    /// [`MATMUL_DECODE_ABOVE`]).
+    pub matmul: bool,
 }
 
 /// The layout of a strided op: region `j` is `runs[0]` moved by `j * stride` cells.
@@ -156,7 +174,10 @@ pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'
     let mut ops = Vec::with_capacity(batch.seqs.len());
     let mut group: Vec<Member> = Vec::new();
     for (i, s) in batch.seqs.iter().enumerate() {
-        let segs = if s.n_rows == 1 && !s.tiled_prompt && (!cpu || s.n_kv() < FA_SPLIT_KV_MIN) {
+        let segs = if s.n_rows == 1
+            && !s.tiled_prompt
+            && (!cpu || (s.n_kv() < FA_SPLIT_KV_MIN && !matmul_decode(s)))
+        {
             ascending_visible(&s.window, &s.mask)
         } else {
             None
@@ -209,6 +230,14 @@ fn flush<'b>(
     group.clear();
 }
 
+/// Whether `s` is a decode row that attends through matmuls on the CPU
+/// ([`MATMUL_DECODE_ABOVE`]).
+fn matmul_decode(s: &SeqSpan) -> bool {
+    s.n_rows == 1
+        && !s.tiled_prompt
+        && s.mask.iter().filter(|&&m| m != NEG_INF_F16).count() > MATMUL_DECODE_ABOVE
+}
+
 /// Sequence `i` attending over its own window; on the CPU a short chunk of a tiled
 /// prompt is padded to [`FA_TILE_ROWS`] query rows (the padding rows' masks repeat
 /// the last row's, so the tile skips exactly the KV tiles it would skip unpadded).
@@ -247,6 +276,7 @@ fn own_op(batch: &StepBatch, i: usize, cpu: bool) -> AttnOp<'_> {
         mask,
         mask_swa,
         strided: None,
+        matmul: cpu && matmul_decode(s),
     }
 }
 
@@ -296,6 +326,7 @@ fn strided_op<'b>(batch: &'b StepBatch, group: &[Member], n_cells: usize) -> Att
             q_rows,
             regions,
         }),
+        matmul: false,
     }
 }
 

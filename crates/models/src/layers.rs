@@ -37,6 +37,9 @@ pub(crate) struct AttnInputs<'a> {
     /// Query rows the attention op runs on: `n_rows`, or more (padding) to run
     /// ggml's tiled CPU kernel (see [`crate::SeqSpan::tiled_prompt`]).
     pub fa_rows: usize,
+    /// Set to attend through matmuls instead of flash attention (a long decode row
+    /// on the CPU: [`crate::attn::MATMUL_DECODE_ABOVE`]): the window's cells, I32.
+    pub cells: Option<Tensor<'a>>,
     pub runs: Vec<CellRun>,
     pub mask: Tensor<'a>,
     pub mask_swa: Option<Tensor<'a>>,
@@ -63,6 +66,34 @@ pub(crate) struct Builder<'a> {
     /// Whether the graph runs on the CPU backend (whose kernels some grouping
     /// choices below are about).
     pub cpu: bool,
+}
+
+/// One query row's attention without flash attention: `q` `[d, 1, n_head]`, `k`
+/// `[d, n_kv, n_head_kv]` (an F16 view of the window), `v_pool` a V pool
+/// `[d_v * n_head_kv, n_cells]` (F16) and `cells` (I32) the window's cells in it,
+/// `mask` `[n_kv, 1]` F16. Scores by a matmul (consecutive query heads share a KV
+/// head, as in flash attention), softmax in F32, then the weighted sum of V rows as
+/// an outer product over the window's V rows gathered as F32 (`get_rows` converts
+/// whole rows with SIMD; ggml's F16 outer product and casts convert element by
+/// element). Returns `[d_v, 1, n_head]`.
+fn matmul_attention<'a>(
+    ctx: &'a Context,
+    q: Tensor<'a>,
+    k: Tensor<'a>,
+    v_pool: Tensor<'a>,
+    cells: Tensor<'a>,
+    mask: Tensor<'a>,
+    scale: f32,
+) -> Tensor<'a> {
+    let (n_kv, n_head, n_head_kv) = (k.ne()[1], q.ne()[2], k.ne()[2]);
+    let kq = ctx.mul_mat(k, q); // [n_kv, 1, n_head]
+    let p = ctx.soft_max_ext(kq, mask, scale);
+    let p = ctx.reshape(p, &[1, n_kv, n_head]);
+    let v = ctx.get_rows(v_pool, cells); // [d_v * n_head_kv, n_kv] F32
+    let dv = v.ne()[0] / n_head_kv;
+    let v = ctx.reshape(v, &[dv, n_head_kv, n_kv]);
+    let v = ctx.permute(v, [0, 2, 1, 3]); // [d_v, n_kv, n_head_kv]
+    ctx.out_prod(v, p)
 }
 
 /// Weight types whose CPU matmul goes through llamafile's tinyBLAS when two or more
@@ -232,16 +263,21 @@ impl<'a> Builder<'a> {
                 &[q_nb[1], q_nb[2]],
                 op.row_start * q_nb[2],
             );
-            let ks = self.window(k_all, &op.runs);
-            let vs = self.window(v_all, &op.runs);
-            let ks = ctx.reshape(ks, &[hp.head_dim as i64, hp.n_head_kv as i64, ks.ne()[1]]);
-            let vs = ctx.reshape(vs, &[hp.head_dim_v as i64, hp.n_head_kv as i64, vs.ne()[1]]);
             let mask = match (hp.is_swa[il], op.mask_swa) {
                 (true, Some(m)) => m,
                 _ => op.mask,
             };
+            let ks = self.window(k_all, &op.runs);
+            let ks = ctx.reshape(ks, &[hp.head_dim as i64, hp.n_head_kv as i64, ks.ne()[1]]);
             let mut q = ctx.permute(qs, [0, 2, 1, 3]);
             let k = ctx.permute(ks, [0, 2, 1, 3]);
+            if let Some(cells) = op.cells {
+                let o = matmul_attention(ctx, q, k, v_all, cells, mask, scale);
+                outs.push(ctx.reshape(o, &[hp.head_dim_v as i64, hp.n_head as i64, 1]));
+                continue;
+            }
+            let vs = self.window(v_all, &op.runs);
+            let vs = ctx.reshape(vs, &[hp.head_dim_v as i64, hp.n_head_kv as i64, vs.ne()[1]]);
             let v = ctx.permute(vs, [0, 2, 1, 3]);
             if op.fa_rows > op.n_rows {
                 // Zero queries after the real ones (their outputs are dropped).
@@ -390,5 +426,132 @@ impl<'a> Builder<'a> {
             self.ctx.swiglu_split(g, u)
         };
         self.linear(down, h, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tempo9_ggml::{f32_to_f16_bits, Backend, Device, Scheduler};
+
+    fn f16_to_f32(h: u16) -> f32 {
+        let (sign, exp, frac) = (
+            (h >> 15) as i32,
+            ((h >> 10) & 0x1f) as i32,
+            (h & 0x3ff) as f32,
+        );
+        let mag = match exp {
+            0 => frac * 2f32.powi(-24),
+            31 => f32::INFINITY,
+            _ => (1.0 + frac / 1024.0) * 2f32.powi(exp - 15),
+        };
+        if sign == 1 {
+            -mag
+        } else {
+            mag
+        }
+    }
+
+    /// The matmul path computes what flash attention computes (a GQA decode row
+    /// over a long window with masked cells), both within F16 rounding of an f64
+    /// reference; a wrong head mapping, mask or scale would be off by O(1).
+    #[test]
+    fn matmul_attention_matches_flash_attention() {
+        let (d, n_head, n_head_kv, n_cells, first, n_kv) = (64, 6, 2, 800, 50, 700);
+        let row = d * n_head_kv;
+        // Deterministic pseudo-random values in [-1, 1).
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let q: Vec<f32> = (0..d * n_head).map(|_| 2.0 * rnd()).collect();
+        let k: Vec<u16> = (0..row * n_cells).map(|_| f32_to_f16_bits(rnd())).collect();
+        let v: Vec<u16> = (0..row * n_cells).map(|_| f32_to_f16_bits(rnd())).collect();
+        // Every third cell and the last 100 are masked.
+        let visible = |c: usize| c % 3 != 1 && c < n_kv - 100;
+        let mask: Vec<u16> = (0..n_kv)
+            .map(|c| {
+                if visible(c) {
+                    0
+                } else {
+                    crate::kv::NEG_INF_F16
+                }
+            })
+            .collect();
+        let cells: Vec<i32> = (first..first + n_kv).map(|c| c as i32).collect();
+        let scale = 0.125f32;
+
+        let ctx = Context::new(64, 64).expect("context");
+        let ti = |name: &str, t: DType, shape: &[i64]| ctx.new_input(name, t, shape);
+        let (d_, hk, h) = (d as i64, n_head_kv as i64, n_head as i64);
+        let tq = ti("q", DType::F32, &[d_, 1, h]);
+        let tk = ti("k", DType::F16, &[row as i64, n_cells as i64]);
+        let tv = ti("v", DType::F16, &[row as i64, n_cells as i64]);
+        let tm = ti("mask", DType::F16, &[n_kv as i64, 1]);
+        let tc = ti("cells", DType::I32, &[n_kv as i64]);
+        let ctx = &ctx;
+        let window = |pool| {
+            let w = ctx.view(
+                pool,
+                &[d_, hk, n_kv as i64],
+                &[d * 2, row * 2],
+                first * row * 2,
+            );
+            ctx.permute(w, [0, 2, 1, 3]) // [d, n_kv, n_head_kv]
+        };
+        let mm = matmul_attention(ctx, tq, window(tk), tv, tc, tm, scale); // [d, 1, h]
+        let fa = ctx.flash_attn(tq, window(tk), window(tv), tm, scale); // [d, h, 1]
+        let mut graph = ctx.new_graph(64);
+        for t in [mm, fa] {
+            t.set_output();
+            graph.expand(t);
+        }
+        let cpu = Backend::new(Device::cpu()).expect("cpu backend");
+        let mut sched = Scheduler::new(vec![cpu], 256).expect("scheduler");
+        sched.alloc(&graph).expect("alloc");
+        tq.write(&q).unwrap();
+        tk.write(&k).unwrap();
+        tv.write(&v).unwrap();
+        tm.write(&mask).unwrap();
+        tc.write(&cells).unwrap();
+        sched.compute(&graph).expect("compute");
+        let (mut got_mm, mut got_fa) = (vec![0f32; d * n_head], vec![0f32; d * n_head]);
+        mm.read_f32(0, &mut got_mm).unwrap();
+        fa.read_f32(0, &mut got_fa).unwrap();
+
+        let (mut err_mm, mut err_fa) = (0f64, 0f64);
+        for hh in 0..n_head {
+            let kvh = hh / (n_head / n_head_kv);
+            let qh = &q[hh * d..(hh + 1) * d];
+            let at = |pool: &[u16], c: usize, i: usize| {
+                f16_to_f32(pool[(first + c) * row + kvh * d + i]) as f64
+            };
+            // Both kernels round q to F16 for the dot products.
+            let qr: Vec<f64> = qh
+                .iter()
+                .map(|&x| f16_to_f32(f32_to_f16_bits(x)) as f64)
+                .collect();
+            let s: Vec<Option<f64>> = (0..n_kv)
+                .map(|c| {
+                    visible(c)
+                        .then(|| (0..d).map(|i| qr[i] * at(&k, c, i)).sum::<f64>() * scale as f64)
+                })
+                .collect();
+            let m = s.iter().flatten().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().flatten().map(|x| (x - m).exp()).sum();
+            for i in 0..d {
+                let want: f64 = (0..n_kv)
+                    .filter_map(|c| s[c].map(|x| (x - m).exp() / z * at(&v, c, i)))
+                    .sum();
+                err_mm = err_mm.max((got_mm[hh * d + i] as f64 - want).abs());
+                err_fa = err_fa.max((got_fa[hh * d + i] as f64 - want).abs());
+            }
+        }
+        eprintln!("max |error| vs f64: matmul {err_mm:.2e}, flash attention {err_fa:.2e}");
+        assert!(err_mm < 1e-4, "matmul attention error {err_mm}");
+        assert!(err_fa < 2e-3, "flash attention error {err_fa}");
     }
 }

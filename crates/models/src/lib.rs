@@ -21,6 +21,7 @@ use tempo9_ggml::{
 };
 use tempo9_gguf::{GgufError, GgufFile};
 
+pub use attn::MATMUL_DECODE_ABOVE;
 pub use hparams::{Arch, HParams};
 pub use kv::{KvStore, MaskBuilder};
 use layers::{AttnInputs, Builder, Inputs, SeqInputs, StridedInputs};
@@ -164,6 +165,7 @@ struct OpShape {
     swa: bool,
     /// (stride, regions, rows) of a strided op.
     strided: Option<(usize, usize, usize)>,
+    matmul: bool,
 }
 
 impl StepShape {
@@ -186,6 +188,7 @@ impl StepShape {
                         .strided
                         .as_ref()
                         .map(|st| (st.stride, st.q_rows.len(), st.regions.len())),
+                    matmul: op.matmul,
                 })
                 .collect(),
         }
@@ -205,6 +208,8 @@ struct AttnIds {
     mask_swa: Option<usize>,
     /// A strided op's (q_rows, regions).
     strided: Option<(usize, usize)>,
+    /// A matmul op's window cells.
+    cells: Option<usize>,
 }
 
 /// Adds `t` to the tensors a step graph keeps; returns its index.
@@ -514,6 +519,7 @@ impl Model {
                         row_start: op.row_start,
                         n_rows: op.n_rows,
                         fa_rows: op.fa_rows,
+                        cells: op.matmul.then(|| index_input("inp_attn_cells", op.n_kv())),
                         runs: op.runs.clone(),
                         mask: mask_input("inp_mask", op),
                         mask_swa: op.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", op)),
@@ -563,10 +569,12 @@ impl Model {
                     .strided
                     .as_ref()
                     .map(|st| (kept(&mut keep, st.q_rows), kept(&mut keep, st.regions)));
+                let cells = t.cells.map(|c| kept(&mut keep, c));
                 ins.attn.push(AttnIds {
                     mask,
                     mask_swa: swa,
                     strided,
+                    cells,
                 });
             }
             for (t, rows) in inp.window_rows {
@@ -596,6 +604,14 @@ impl Model {
         g.tensor(ins.slots).write(&batch.kv_slots)?;
         for (ids, op) in ins.attn.iter().zip(ops) {
             let (mask, swa, strided) = (ids.mask, ids.mask_swa, ids.strided);
+            if let Some(t) = ids.cells {
+                let cells: Vec<i32> = op
+                    .runs
+                    .iter()
+                    .flat_map(|r| r.start as i32..(r.start + r.len) as i32)
+                    .collect();
+                g.tensor(t).write(&cells)?;
+            }
             // A mask no layer reads (e.g. full attention in a model whose every layer
             // slides) is not allocated.
             let mask = g.tensor(mask);
