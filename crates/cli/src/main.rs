@@ -97,7 +97,9 @@ pub struct ModelArgs {
     /// Most requests running at once (more wait in the queue).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_running: usize,
-    /// Scheduling policy: `fcfs` or `priority` (lower request priority first).
+    /// Scheduling policy: `fcfs`, `priority` (lower request priority first) or
+    /// `shortest` (earliest estimated prompt completion first: least prompt left
+    /// among requests arriving together, aged by waiting time so none starves).
     #[arg(long, value_name = "NAME", default_value = "fcfs", value_parser = parse_policy)]
     pub policy: Policy,
     #[command(flatten)]
@@ -124,7 +126,7 @@ fn parse_size(s: &str) -> std::result::Result<usize, String> {
 }
 
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
-    Policy::parse(s).ok_or_else(|| format!("unknown policy '{s}' (fcfs, priority)"))
+    Policy::parse(s).ok_or_else(|| format!("unknown policy '{s}' (fcfs, priority, shortest)"))
 }
 
 impl ModelArgs {

@@ -316,6 +316,15 @@ impl Limits {
     }
 }
 
+/// `s`'s rank with its prompt work left at `cost_us` per token.
+fn ranked(s: &Live, cost_us: f64) -> Rank {
+    let left = s.n_prompt.saturating_sub(s.n_computed);
+    Rank {
+        work_us: (left as f64 * cost_us) as u64,
+        ..s.rank
+    }
+}
+
 /// A request inside the engine.
 struct Live {
     id: RequestId,
@@ -400,6 +409,8 @@ pub struct EngineCore {
     compute_bytes_logged: usize,
     /// First pages of finished short prompts, for [`crate::short_prefix`].
     short_sources: FinishedSources,
+    /// When the engine started: the origin of [`Rank::arrived_us`].
+    epoch: std::time::Instant,
 }
 
 impl EngineCore {
@@ -477,6 +488,7 @@ impl EngineCore {
             queued: Arc::new(AtomicUsize::new(0)),
             stats: EngineStats::default(),
             token_cost_s: None,
+            epoch: std::time::Instant::now(),
         })
     }
 
@@ -577,6 +589,8 @@ impl EngineCore {
             rank: Rank {
                 arrival: id,
                 priority: r.priority,
+                arrived_us: self.epoch.elapsed().as_micros() as u64,
+                work_us: 0,
             },
             tokens: r.prompt,
             n_computed: 0,
@@ -698,6 +712,12 @@ impl EngineCore {
         Ok(true)
     }
 
+    /// Recent compute cost per prompt token in microseconds (1 ms until measured),
+    /// for [`Policy::Shortest`].
+    fn cost_us(&self) -> f64 {
+        self.token_cost_s.map_or(1e3, |c| c * 1e6)
+    }
+
     fn running_index(&self, id: RequestId) -> Option<usize> {
         self.running.iter().position(|s| s.id == id)
     }
@@ -808,7 +828,8 @@ impl EngineCore {
         let policy = self.config.policy;
         let mut budget = self.prompt_budget();
         let mut order: Vec<usize> = (0..self.running.len()).collect();
-        order.sort_by_key(|&i| policy.key(self.running[i].rank));
+        let cost = self.cost_us();
+        order.sort_by_key(|&i| policy.key(ranked(&self.running[i], cost)));
         let mut planned = vec![false; self.running.len()];
         let mut preempted = vec![false; self.running.len()];
         let mut out_of_memory = vec![false; self.running.len()];
@@ -1006,7 +1027,8 @@ impl EngineCore {
     /// every running request.
     fn admit(&mut self) {
         let policy = self.config.policy;
-        self.waiting.sort_by_key(|s| policy.key(s.rank));
+        let cost = self.cost_us();
+        self.waiting.sort_by_key(|s| policy.key(ranked(s, cost)));
         while self.running.len() + self.loading.len() < self.config.max_running {
             // The first request in policy order that is not waiting for a prefix
             // another request is computing right now.

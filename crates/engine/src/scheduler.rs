@@ -12,6 +12,14 @@ pub enum Policy {
     Fcfs,
     /// Lower [`crate::Request::priority`] first; first come, first served among equals.
     Priority,
+    /// Earliest estimated prompt completion first, had each request started when it
+    /// arrived: arrival time plus the prompt compute it still needs (tokens left
+    /// times the recent cost per token). Among requests that arrive together the
+    /// one with the least prompt left goes first, which minimises their mean time to
+    /// first token (several agents sending their next turns at once); a request
+    /// that has waited longer than the extra work it brings goes before newer,
+    /// shorter ones, so none starves.
+    Shortest,
 }
 
 /// What the policy sees of a request.
@@ -21,6 +29,10 @@ pub(crate) struct Rank {
     pub arrival: u64,
     /// The request's priority value.
     pub priority: i32,
+    /// Microseconds after the engine started at which it arrived.
+    pub arrived_us: u64,
+    /// Estimated microseconds of prompt computation left (set when ranking).
+    pub work_us: u64,
 }
 
 impl Policy {
@@ -29,14 +41,16 @@ impl Policy {
         match self {
             Policy::Fcfs => (0, r.arrival),
             Policy::Priority => (i64::from(r.priority), r.arrival),
+            Policy::Shortest => ((r.arrived_us + r.work_us) as i64, r.arrival),
         }
     }
 
-    /// Parses `fcfs` or `priority`.
+    /// Parses `fcfs`, `priority` or `shortest`.
     pub fn parse(s: &str) -> Option<Policy> {
         match s {
             "fcfs" => Some(Policy::Fcfs),
             "priority" => Some(Policy::Priority),
+            "shortest" => Some(Policy::Shortest),
             _ => None,
         }
     }
@@ -51,12 +65,24 @@ mod tests {
         let a = Rank {
             arrival: 1,
             priority: 5,
+            arrived_us: 0,
+            work_us: 9_000_000,
         };
         let b = Rank {
             arrival: 2,
             priority: -1,
+            arrived_us: 1_000_000,
+            work_us: 2_000_000,
         };
         assert!(Policy::Fcfs.key(a) < Policy::Fcfs.key(b));
         assert!(Policy::Priority.key(b) < Policy::Priority.key(a));
+        // b arrived 1 s later with 7 s less work: it finishes sooner.
+        assert!(Policy::Shortest.key(b) < Policy::Shortest.key(a));
+        // Once a has waited (been computed) past the difference, it goes first.
+        let a_later = Rank {
+            work_us: 2_500_000,
+            ..a
+        };
+        assert!(Policy::Shortest.key(a_later) < Policy::Shortest.key(b));
     }
 }

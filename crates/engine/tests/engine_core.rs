@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use tempo9_engine::{EngineConfig, EngineCore, Event, FinishReason, Request, RequestStream};
+use tempo9_engine::{
+    EngineConfig, EngineCore, Event, FinishReason, Policy, Request, RequestStream,
+};
 use tempo9_models::Model;
 use tempo9_tokenizer::Tokenizer;
 
@@ -185,6 +187,44 @@ fn a_pool_smaller_than_the_padded_window_caps_it() {
     );
     assert_eq!(small[0].tokens.len(), 16, "{:?}", small[0].finish);
     assert_eq!(small[0].tokens, big[0].tokens);
+}
+
+/// Which of two requests submitted together gets its first token first, under
+/// `policy`: 0 for the long prompt (submitted first), 1 for the short one.
+fn first_served(model: &Arc<Model>, tok: &Arc<Tokenizer>, policy: Policy) -> usize {
+    let cfg = EngineConfig {
+        threads: 2,
+        kv_budget_bytes: Some(64 << 20),
+        policy,
+        ..EngineConfig::default()
+    };
+    let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine");
+    let long: Vec<u32> = (0..1100u32).map(|i| 300 + i % 4000).collect();
+    let short: Vec<u32> = (0..100u32).map(|i| 5000 + i).collect();
+    let mut streams = [
+        eng.submit(greedy(long, 2)).unwrap(),
+        eng.submit(greedy(short, 2)).unwrap(),
+    ];
+    loop {
+        assert!(eng.step().expect("step"), "engine went idle");
+        for (i, st) in streams.iter_mut().enumerate() {
+            if let Some(Event::Token(_)) = st.try_recv() {
+                return i;
+            }
+        }
+    }
+}
+
+/// FCFS serves the long prompt that came first; `shortest` serves the short one
+/// that came with it first (its estimated completion is earlier).
+#[test]
+fn shortest_policy_serves_the_short_prompt_first() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else {
+        return;
+    };
+    assert_eq!(first_served(&model, &tok, Policy::Fcfs), 0);
+    assert_eq!(first_served(&model, &tok, Policy::Shortest), 1);
 }
 
 /// Tiny xorshift RNG for reproducible workloads.
