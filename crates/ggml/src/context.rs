@@ -424,7 +424,9 @@ impl Context {
     }
 
     /// Fused attention: `q [d, n_q, n_head]`, `k`/`v` `[d, n_kv, n_head_kv]` (F16), `mask`
-    /// `[n_kv, n_q]` F16 (0 or -inf). Returns `[d_v, n_head, n_q]`. Accumulates in F32.
+    /// `[n_kv, n_q]` F16 (0 or -inf). Returns `[d_v, n_head, n_q]`. Asks for F32
+    /// precision; ggml's CPU kernels for few query rows still accumulate an F16 V
+    /// in F16 (about 2e-4 error per output).
     pub fn flash_attn<'a>(
         &'a self,
         q: Tensor<'a>,
