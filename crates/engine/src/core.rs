@@ -316,13 +316,10 @@ impl Limits {
     }
 }
 
-/// `s`'s rank with its prompt work left at `cost_us` per token.
-fn ranked(s: &Live, cost_us: f64) -> Rank {
+/// `s`'s policy sort key, its prompt work left costed at `cost_us` per token.
+fn sort_key(policy: Policy, s: &Live, cost_us: f64) -> (i64, u64) {
     let left = s.n_prompt.saturating_sub(s.n_computed);
-    Rank {
-        work_us: (left as f64 * cost_us) as u64,
-        ..s.rank
-    }
+    policy.key(s.rank, (left as f64 * cost_us) as u64)
 }
 
 /// A request inside the engine.
@@ -590,7 +587,6 @@ impl EngineCore {
                 arrival: id,
                 priority: r.priority,
                 arrived_us: self.epoch.elapsed().as_micros() as u64,
-                work_us: 0,
             },
             tokens: r.prompt,
             n_computed: 0,
@@ -829,7 +825,7 @@ impl EngineCore {
         let mut budget = self.prompt_budget();
         let mut order: Vec<usize> = (0..self.running.len()).collect();
         let cost = self.cost_us();
-        order.sort_by_key(|&i| policy.key(ranked(&self.running[i], cost)));
+        order.sort_by_key(|&i| sort_key(policy, &self.running[i], cost));
         let mut planned = vec![false; self.running.len()];
         let mut preempted = vec![false; self.running.len()];
         let mut out_of_memory = vec![false; self.running.len()];
@@ -1028,7 +1024,7 @@ impl EngineCore {
     fn admit(&mut self) {
         let policy = self.config.policy;
         let cost = self.cost_us();
-        self.waiting.sort_by_key(|s| policy.key(ranked(s, cost)));
+        self.waiting.sort_by_key(|s| sort_key(policy, s, cost));
         while self.running.len() + self.loading.len() < self.config.max_running {
             // The first request in policy order that is not waiting for a prefix
             // another request is computing right now.

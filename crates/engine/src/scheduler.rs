@@ -31,17 +31,16 @@ pub(crate) struct Rank {
     pub priority: i32,
     /// Microseconds after the engine started at which it arrived.
     pub arrived_us: u64,
-    /// Estimated microseconds of prompt computation left (set when ranking).
-    pub work_us: u64,
 }
 
 impl Policy {
-    /// Sort key: smaller runs first.
-    pub(crate) fn key(self, r: Rank) -> (i64, u64) {
+    /// Sort key: smaller runs first. `work_us`: the request's estimated
+    /// microseconds of prompt computation left.
+    pub(crate) fn key(self, r: Rank, work_us: u64) -> (i64, u64) {
         match self {
             Policy::Fcfs => (0, r.arrival),
             Policy::Priority => (i64::from(r.priority), r.arrival),
-            Policy::Shortest => ((r.arrived_us + r.work_us) as i64, r.arrival),
+            Policy::Shortest => ((r.arrived_us + work_us) as i64, r.arrival),
         }
     }
 
@@ -66,23 +65,18 @@ mod tests {
             arrival: 1,
             priority: 5,
             arrived_us: 0,
-            work_us: 9_000_000,
         };
         let b = Rank {
             arrival: 2,
             priority: -1,
             arrived_us: 1_000_000,
-            work_us: 2_000_000,
         };
-        assert!(Policy::Fcfs.key(a) < Policy::Fcfs.key(b));
-        assert!(Policy::Priority.key(b) < Policy::Priority.key(a));
+        let (wa, wb) = (9_000_000, 2_000_000);
+        assert!(Policy::Fcfs.key(a, wa) < Policy::Fcfs.key(b, wb));
+        assert!(Policy::Priority.key(b, wb) < Policy::Priority.key(a, wa));
         // b arrived 1 s later with 7 s less work: it finishes sooner.
-        assert!(Policy::Shortest.key(b) < Policy::Shortest.key(a));
-        // Once a has waited (been computed) past the difference, it goes first.
-        let a_later = Rank {
-            work_us: 2_500_000,
-            ..a
-        };
-        assert!(Policy::Shortest.key(a_later) < Policy::Shortest.key(b));
+        assert!(Policy::Shortest.key(b, wb) < Policy::Shortest.key(a, wa));
+        // Once a has been computed past the difference, it goes first.
+        assert!(Policy::Shortest.key(a, 2_500_000) < Policy::Shortest.key(b, wb));
     }
 }

@@ -1,9 +1,9 @@
 //! Prefix reuse inside a page, for prompts shorter than [`CHUNK_ALIGN`] tokens.
 //!
 //! The prefix cache shares whole pages, so a prompt under [`CHUNK_ALIGN`] tokens
-//! (no whole page to share) never hits. Yet short prompts
-//! that differ only in their last words are common (chat turns, a batch of similar
-//! requests), and llama.cpp's server reuses a slot's previous prompt token by token.
+//! (no whole page to share) never hits. Yet short prompts that differ only in their
+//! last words are common (chat turns, a batch of similar requests), and llama.cpp's
+//! server reuses a slot's previous prompt token by token.
 //!
 //! Such a prompt is computed in one piece, through ggml's CPU flash-attention kernel
 //! for fewer than [`CHUNK_ALIGN`] query rows (one pass per row, independent of the

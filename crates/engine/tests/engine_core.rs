@@ -23,13 +23,17 @@ fn smollm2() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
     Some((model, tok))
 }
 
-fn core(model: &Arc<Model>, tok: &Arc<Tokenizer>, kv_bytes: usize) -> EngineCore {
-    let cfg = EngineConfig {
+/// Two threads and `kv_bytes` of KV memory; defaults otherwise.
+fn config(kv_bytes: usize) -> EngineConfig {
+    EngineConfig {
         threads: 2,
         kv_budget_bytes: Some(kv_bytes),
         ..EngineConfig::default()
-    };
-    EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine")
+    }
+}
+
+fn core(model: &Arc<Model>, tok: &Arc<Tokenizer>, kv_bytes: usize) -> EngineCore {
+    EngineCore::new(model.clone(), tok.clone(), config(kv_bytes)).expect("engine")
 }
 
 fn greedy(prompt: Vec<u32>, n: usize) -> Request {
@@ -193,10 +197,8 @@ fn a_pool_smaller_than_the_padded_window_caps_it() {
 /// `policy`: 0 for the long prompt (submitted first), 1 for the short one.
 fn first_served(model: &Arc<Model>, tok: &Arc<Tokenizer>, policy: Policy) -> usize {
     let cfg = EngineConfig {
-        threads: 2,
-        kv_budget_bytes: Some(64 << 20),
         policy,
-        ..EngineConfig::default()
+        ..config(64 << 20)
     };
     let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine");
     let long: Vec<u32> = (0..1100u32).map(|i| 300 + i % 4000).collect();
@@ -269,11 +271,9 @@ fn random_workloads_keep_pages_sound() {
         // Chunks of at most 128 tokens and no ITL target: a schedule that does not
         // depend on how fast this machine is.
         let cfg = EngineConfig {
-            threads: 2,
-            kv_budget_bytes: Some(6 * page_bytes),
             step_tokens: 128,
             itl_target: None,
-            ..EngineConfig::default()
+            ..config(6 * page_bytes)
         };
         let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine");
         let mut live: Vec<(Vec<u32>, RequestStream, Vec<u32>, bool)> = Vec::new();
@@ -376,10 +376,8 @@ fn long_prefill_does_not_stall_decodes() {
     // a 1 ms target, once a step has measured the cost per token, in chunks of 64.
     for (itl_target, steps) in [(None, 4..=5), (Some(Duration::from_millis(1)), 24..=40)] {
         let cfg = EngineConfig {
-            threads: 2,
-            kv_budget_bytes: Some(256 << 20),
             itl_target,
-            ..EngineConfig::default()
+            ..config(256 << 20)
         };
         let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine");
         let short = tok.encode(
@@ -533,10 +531,8 @@ fn startup_memory_does_not_depend_on_context() {
     for ctx in [8192usize, 131072] {
         let before = rss();
         let cfg = EngineConfig {
-            threads: 2,
             max_context: Some(ctx),
-            kv_budget_bytes: Some(4 << 30),
-            ..EngineConfig::default()
+            ..config(4 << 30)
         };
         let eng = EngineCore::new(model.clone(), tok.clone(), cfg).unwrap();
         assert_eq!(eng.max_context(), ctx);

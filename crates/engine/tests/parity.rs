@@ -17,7 +17,8 @@ const LOGPROB_TOL: f32 = 2e-3;
 /// `matmul_attention_matches_flash_attention` in tempo9-models). SmolLM2 and the
 /// others amplify that into top-1 log-probability differences up to ~0.13 (0.085
 /// after a single such step); llama.cpp's own `-fa off` differs from these fixtures
-/// by 0.04-0.34 on the same prompts and changes tokens in 12 of 15 SmolLM2 cases.
+/// by 0.04-0.34 on the same prompts and changes tokens in 12 of 15 SmolLM2 cases
+/// (`python3 scripts/fixtures/fa_off_drift.py smollm2`).
 /// Tokens must still be identical, except where llama.cpp's logprob of our token is
 /// within [`TIE_MATMUL`] of its best (a near-tie the two kernels may order either way).
 const LOGPROB_TOL_MATMUL: f32 = 0.2;

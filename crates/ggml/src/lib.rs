@@ -147,6 +147,12 @@ pub fn f32_to_f16_bits(x: f32) -> u16 {
     unsafe { llama_cpp_sys_2::ggml_fp32_to_fp16(x) }
 }
 
+/// Converts ggml's f16 bit pattern (IEEE half) to an f32.
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    // SAFETY: pure conversion.
+    unsafe { llama_cpp_sys_2::ggml_fp16_to_fp32(h) }
+}
+
 /// Bytes of metadata ggml needs per tensor in a no-alloc context.
 pub fn tensor_overhead() -> usize {
     // SAFETY: pure function.

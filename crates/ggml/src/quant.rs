@@ -68,6 +68,7 @@ pub fn quantize_rows(dtype: DType, src: &[f32], n_per_row: usize) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::f16_bits_to_f32;
 
     #[test]
     fn quantize_sizes_and_errors() {
@@ -95,19 +96,5 @@ mod tests {
         let d = f16_bits_to_f32(u16::from_le_bytes([q[0], q[1]]));
         let x5 = q[2 + 5] as i8 as f32 * d;
         assert!((x5 - src[5]).abs() < 0.02, "{x5} vs {}", src[5]);
-    }
-
-    fn f16_bits_to_f32(h: u16) -> f32 {
-        let (s, e, m) = ((h >> 15) as u32, ((h >> 10) & 31) as i32, (h & 1023) as f32);
-        let v = if e == 0 {
-            m * 2f32.powi(-24)
-        } else {
-            (1.0 + m / 1024.0) * 2f32.powi(e - 15)
-        };
-        if s == 1 {
-            -v
-        } else {
-            v
-        }
     }
 }

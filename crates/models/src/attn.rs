@@ -174,9 +174,10 @@ pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'
     let mut ops = Vec::with_capacity(batch.seqs.len());
     let mut group: Vec<Member> = Vec::new();
     for (i, s) in batch.seqs.iter().enumerate() {
+        let matmul = cpu && matmul_decode(s);
         let segs = if s.n_rows == 1
             && !s.tiled_prompt
-            && (!cpu || (s.n_kv() < FA_SPLIT_KV_MIN && !matmul_decode(s)))
+            && (!cpu || (s.n_kv() < FA_SPLIT_KV_MIN && !matmul))
         {
             ascending_visible(&s.window, &s.mask)
         } else {
@@ -184,7 +185,7 @@ pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'
         };
         let Some(segs) = segs else {
             flush(batch, &mut group, &mut ops, n_cells);
-            ops.push(own_op(batch, i, cpu));
+            ops.push(own_op(batch, i, cpu, matmul));
             continue;
         };
         let m = Member { seq: i, segs };
@@ -224,7 +225,7 @@ fn flush<'b>(
     match group.len() {
         0 => {}
         // Members are decode rows (never a tiled prompt's chunk): nothing to pad.
-        1 => ops.push(own_op(batch, group[0].seq, false)),
+        1 => ops.push(own_op(batch, group[0].seq, false, false)),
         _ => ops.push(strided_op(batch, group, n_cells)),
     }
     group.clear();
@@ -241,7 +242,8 @@ fn matmul_decode(s: &SeqSpan) -> bool {
 /// Sequence `i` attending over its own window; on the CPU a short chunk of a tiled
 /// prompt is padded to [`FA_TILE_ROWS`] query rows (the padding rows' masks repeat
 /// the last row's, so the tile skips exactly the KV tiles it would skip unpadded).
-fn own_op(batch: &StepBatch, i: usize, cpu: bool) -> AttnOp<'_> {
+/// `matmul`: a decode row attending through matmuls ([`matmul_decode`]).
+fn own_op(batch: &StepBatch, i: usize, cpu: bool, matmul: bool) -> AttnOp<'_> {
     let s = &batch.seqs[i];
     let fa_rows = if cpu && s.tiled_prompt && s.n_rows < FA_TILE_ROWS {
         FA_TILE_ROWS
@@ -276,7 +278,7 @@ fn own_op(batch: &StepBatch, i: usize, cpu: bool) -> AttnOp<'_> {
         mask,
         mask_swa,
         strided: None,
-        matmul: cpu && matmul_decode(s),
+        matmul,
     }
 }
 
