@@ -6,6 +6,7 @@
 //! known not to be, so partial markup never reaches a client. Markup that does
 //! not parse comes back as text, unchanged.
 
+mod fit;
 mod gemma4;
 mod harmony;
 mod llama3;

@@ -5,10 +5,12 @@
 //! answer with a bare `{"name":…,"arguments":…}` object and no tags, or with
 //! that object in a Markdown code block (`` ```json ``); at the start of the
 //! output (or right after another call) that is taken as a call too when it
-//! names one of the offered tools.
+//! names one of the offered tools and its arguments fit that tool's parameters
+//! (see [`super::fit`]).
 
 use serde_json::{Map, Value};
 
+use super::fit::call_fits;
 use super::{call_from_json, json_end, push_text, safe_len, Piece, ToolCall, ToolParser};
 
 const OPEN: &str = "<tool_call>";
@@ -41,8 +43,8 @@ pub struct QwenParser {
     bare_function: bool,
     /// Calls emitted so far.
     calls: usize,
-    /// Parameter types from the tool schemas: (function, parameter) → JSON type.
-    schemas: Vec<(String, Map<String, Value>)>,
+    /// Each offered tool's `parameters` schema, by function name.
+    schemas: Vec<(String, Value)>,
 }
 
 impl QwenParser {
@@ -53,13 +55,8 @@ impl QwenParser {
             .filter_map(|t| {
                 let f = t.get("function").unwrap_or(t);
                 let name = f.get("name")?.as_str()?.to_string();
-                let props = f
-                    .get("parameters")
-                    .and_then(|p| p.get("properties"))
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
-                Some((name, props))
+                let params = f.get("parameters").cloned().unwrap_or(Value::Null);
+                Some((name, params))
             })
             .collect();
         QwenParser {
@@ -86,18 +83,24 @@ impl QwenParser {
         self.pending_ws.push_str(&text[trimmed.len()..]);
     }
 
-    /// Whether an untagged call names one of the offered tools (any name when
-    /// the request offered none).
-    fn known(&self, call: &ToolCall) -> bool {
-        self.schemas.is_empty() || self.schemas.iter().any(|(n, _)| *n == call.name)
+    /// Whether an untagged call names one of the offered tools and its arguments
+    /// fit that tool's parameters (any call when the request offered no tools).
+    fn fits_a_tool(&self, call: &ToolCall) -> bool {
+        if self.schemas.is_empty() {
+            return true;
+        }
+        let Some((_, params)) = self.schemas.iter().find(|(n, _)| *n == call.name) else {
+            return false;
+        };
+        serde_json::from_str::<Value>(&call.arguments).is_ok_and(|a| call_fits(&a, params))
     }
 
-    /// A bare JSON call (untagged): it must name an offered tool.
+    /// A bare JSON call (untagged): it must fit an offered tool.
     fn bare_call(&self, json: &str) -> Option<ToolCall> {
         serde_json::from_str::<Value>(json)
             .ok()
             .and_then(|v| call_from_json(&v))
-            .filter(|c| self.known(c))
+            .filter(|c| self.fits_a_tool(c))
     }
 
     fn emit_call(&mut self, call: ToolCall, out: &mut Vec<Piece>) {
@@ -138,7 +141,12 @@ impl QwenParser {
             let end = body.find(FUNC_CLOSE).unwrap_or(body.len());
             let after = body[end..].strip_prefix(FUNC_CLOSE).unwrap_or("");
             body = &body[..end];
-            let props = self.schemas.iter().find(|(n, _)| n == name).map(|(_, p)| p);
+            let props = self
+                .schemas
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, p)| p.get("properties"))
+                .and_then(Value::as_object);
             let mut args = Map::new();
             loop {
                 body = body.trim_start();
@@ -419,7 +427,8 @@ mod tests {
         let tools = vec![
             json!({"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {
-                "city": {"type": "string"}, "days": {"type": "integer"}}}}}),
+                "city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"]}}}),
         ];
         parse_all_splits(&|| Box::new(QwenParser::new(&tools)), t)
     }
@@ -485,6 +494,23 @@ mod tests {
     }
 
     #[test]
+    fn untagged_calls_must_fit_the_parameters() {
+        // A missing required parameter, a wrong type, an undeclared parameter.
+        for t in [
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2}}\n```",
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"days\": \"two\"}}",
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"hotel\": \"Ritz\"}}",
+        ] {
+            assert_eq!(run(t), vec![text(t)], "{t:?}");
+        }
+        // The template's own markup is a call whatever its arguments.
+        let out = run(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"hotel\": 1}}\n</tool_call>",
+        );
+        assert_eq!(out, vec![call("get_weather", r#"{"hotel":1}"#)]);
+    }
+
+    #[test]
     fn fenced_json_calls() {
         let out = run("```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Paris\"}\n}\n```");
         assert_eq!(out, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
@@ -497,8 +523,8 @@ mod tests {
             ]
         );
         // Unterminated block: still a call.
-        let out = run("```json\n{\"name\": \"get_weather\", \"arguments\": {}}");
-        assert_eq!(out, vec![call("get_weather", "{}")]);
+        let out = run("```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"C\"}}");
+        assert_eq!(out, vec![call("get_weather", r#"{"city":"C"}"#)]);
         // Code blocks that are not calls stay text.
         for t in [
             "```python\nprint(1)\n```",
