@@ -176,8 +176,8 @@ impl Sampler {
         *self.counts.entry(token).or_insert(0) += 1;
     }
 
-    /// Picks the next token. `logits` (one per vocabulary entry) is modified
-    /// in place: non-finite values are sanitized and penalties applied.
+    /// Picks the next token. `logits` (one per vocabulary entry) may be modified
+    /// in place: non-finite values sanitized and penalties applied.
     ///
     /// If no token is possible (empty or all `NaN`/`-inf`), returns 0.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
@@ -195,6 +195,11 @@ impl Sampler {
         logits: &mut [f32],
         allowed: Option<&dyn Fn(u32) -> bool>,
     ) -> u32 {
+        if allowed.is_none() && self.params.is_greedy() && !self.params.has_penalties() {
+            // The common greedy case needs no sanitizing pass: `argmax` skips NaN
+            // and takes +inf as it is.
+            return argmax(logits).unwrap_or(0);
+        }
         self.prepare(logits, allowed);
         let chosen = if self.params.is_greedy() {
             argmax(logits)
@@ -311,18 +316,47 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit, lowest id on ties; `None` if none is > -inf.
+/// Index of the largest logit, lowest id on ties; `None` if none is > -inf (NaN
+/// never wins). Sampling runs on the engine thread for every sequence of a step,
+/// so this is written to vectorize: [`ARGMAX_LANES`] independent running maxima
+/// (the first index of each lane's maximum), merged at the end.
 fn argmax(logits: &[f32]) -> Option<u32> {
-    let (mut best_i, mut best) = (None, f32::NEG_INFINITY);
-    for (i, &l) in logits.iter().enumerate() {
-        // Strictly greater: the first (lowest) id wins ties; -inf never wins.
-        if l > best {
-            best = l;
-            best_i = Some(i as u32);
+    const L: usize = ARGMAX_LANES;
+    let mut val = [f32::NEG_INFINITY; L];
+    // The chunk where each lane's maximum sits; `u32::MAX` = none above -inf yet.
+    let mut at = [u32::MAX; L];
+    let chunks = logits.chunks_exact(L);
+    let rest = chunks.remainder();
+    for (c, chunk) in chunks.enumerate() {
+        for j in 0..L {
+            // Strictly greater: a lane keeps its first maximum; NaN never wins.
+            let better = chunk[j] > val[j];
+            val[j] = if better { chunk[j] } else { val[j] };
+            at[j] = if better { c as u32 } else { at[j] };
         }
     }
-    best_i
+    let mut best: Option<(f32, u32)> = None;
+    for j in 0..L {
+        if at[j] == u32::MAX {
+            continue;
+        }
+        let id = at[j] * L as u32 + j as u32;
+        if best.is_none_or(|(v, i)| val[j] > v || (val[j] == v && id < i)) {
+            best = Some((val[j], id));
+        }
+    }
+    // The tail's ids are above every chunk's: only a strictly greater logit wins.
+    let base = (logits.len() - rest.len()) as u32;
+    for (k, &l) in rest.iter().enumerate() {
+        if best.map_or(l > f32::NEG_INFINITY, |(v, _)| l > v) {
+            best = Some((l, base + k as u32));
+        }
+    }
+    best.map(|(_, id)| id)
 }
+
+/// Running maxima in [`argmax`]: one AVX-512 register of f32.
+const ARGMAX_LANES: usize = 16;
 
 /// Largest `k` for which top-k selection streams over the logits.
 const STREAM_TOP_K: usize = 64;
@@ -529,6 +563,39 @@ mod tests {
         assert!(params(-1.0, 1).is_greedy());
         assert!(params(f32::NAN, 1).is_greedy());
         assert!(params(1e-45, 1).is_greedy());
+    }
+
+    #[test]
+    fn argmax_matches_a_plain_scan() {
+        let plain = |l: &[f32]| {
+            let mut best = (None, f32::NEG_INFINITY);
+            for (i, &x) in l.iter().enumerate() {
+                if x > best.1 {
+                    best = (Some(i as u32), x);
+                }
+            }
+            best.0
+        };
+        let mut rng = Rng::new(7);
+        for n in [0, 1, 5, 15, 16, 17, 33, 100, 1000, 49_153] {
+            for case in 0..20 {
+                // Few distinct values, so ties across lanes and the tail are common.
+                let mut l: Vec<f32> = (0..n)
+                    .map(|_| (rng.next_f64() * 4.0).floor() as f32)
+                    .collect();
+                for x in l.iter_mut() {
+                    match (rng.next_f64() * 50.0) as u32 {
+                        0 => *x = f32::NAN,
+                        1 => *x = f32::NEG_INFINITY,
+                        2 if case % 5 == 0 => *x = f32::INFINITY,
+                        _ => {}
+                    }
+                }
+                assert_eq!(argmax(&l), plain(&l), "n {n} case {case}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN; 40]), None);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), None);
     }
 
     #[test]
