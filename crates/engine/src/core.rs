@@ -239,7 +239,29 @@ pub struct RequestStream {
     wake: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
+/// The engine's end of a request's stream: where its events go and the flag its
+/// cancellation sets.
+pub(crate) struct Ticket {
+    id: RequestId,
+    tx: mpsc::UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
 impl RequestStream {
+    /// A new stream for request `id` and the engine's end of it. Made by the
+    /// submitter, so submitting never waits for the engine thread.
+    pub(crate) fn open(id: RequestId) -> (Ticket, RequestStream) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let stream = RequestStream {
+            id,
+            rx,
+            cancel: cancel.clone(),
+            wake: None,
+        };
+        (Ticket { id, tx, cancel }, stream)
+    }
+
     /// The request's id.
     pub fn id(&self) -> RequestId {
         self.id
@@ -571,12 +593,17 @@ impl EngineCore {
         Ok(self.enqueue(r))
     }
 
-    /// Queues an already checked request.
-    pub(crate) fn enqueue(&mut self, r: Request) -> RequestStream {
+    /// Queues an already checked request under a new id.
+    fn enqueue(&mut self, r: Request) -> RequestStream {
         self.next_id += 1;
-        let id = self.next_id;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = Arc::new(AtomicBool::new(false));
+        let (ticket, stream) = RequestStream::open(self.next_id);
+        self.enqueue_ticket(r, ticket);
+        stream
+    }
+
+    /// Queues an already checked request whose stream the caller already holds.
+    pub(crate) fn enqueue_ticket(&mut self, r: Request, ticket: Ticket) {
+        let Ticket { id, tx, cancel } = ticket;
         let n_prompt = r.prompt.len();
         let room = self.max_context() - n_prompt;
         let mut sampler = Sampler::new(r.sampling);
@@ -602,7 +629,7 @@ impl EngineCore {
             sampler,
             text: TextStream::new(self.tok.clone(), &r.stop.strings),
             tx,
-            cancel: cancel.clone(),
+            cancel,
             usage: Usage {
                 prompt_tokens: n_prompt,
                 ..Usage::default()
@@ -623,12 +650,6 @@ impl EngineCore {
             }));
         } else {
             self.waiting.push(live);
-        }
-        RequestStream {
-            id,
-            rx,
-            cancel,
-            wake: None,
         }
     }
 
@@ -661,6 +682,7 @@ impl EngineCore {
             }
             return Ok(true);
         }
+        let planned = started.elapsed();
         let batch = self.assemble(&work);
         let t0 = std::time::Instant::now();
         let mut logits = match self.forward(&work, &batch) {
@@ -681,14 +703,6 @@ impl EngineCore {
         self.stats.steps_total += 1;
         self.stats.computed_tokens_total += batch.tokens.len() as u64;
         self.stats.forward_seconds_total += forward_s;
-        tracing::debug!(
-            tokens = batch.tokens.len(),
-            sequences = batch.seqs.len(),
-            running = self.running.len(),
-            waiting = self.waiting.len(),
-            forward_ms = forward_s * 1e3,
-            "step"
-        );
         if batch.tokens.len() >= CHUNK_ALIGN {
             let cost = forward_s / batch.tokens.len() as f64;
             self.token_cost_s = Some(self.token_cost_s.map_or(cost, |c| 0.5 * c + 0.5 * cost));
@@ -703,8 +717,24 @@ impl EngineCore {
                 "compute buffers grew"
             );
         }
+        let t1 = std::time::Instant::now();
         self.after_step(&work, &mut logits);
-        self.stats.step_seconds_total += started.elapsed().as_secs_f64();
+        let step_s = started.elapsed().as_secs_f64();
+        self.stats.step_seconds_total += step_s;
+        // Where a step's time goes: planning (admission, scheduling), building the
+        // batch's inputs, the model, then sampling and sending events.
+        tracing::debug!(
+            tokens = batch.tokens.len(),
+            sequences = batch.seqs.len(),
+            running = self.running.len(),
+            waiting = self.waiting.len(),
+            plan_ms = planned.as_secs_f64() * 1e3,
+            assemble_ms = (t0 - started - planned).as_secs_f64() * 1e3,
+            forward_ms = forward_s * 1e3,
+            sample_ms = t1.elapsed().as_secs_f64() * 1e3,
+            step_ms = step_s * 1e3,
+            "step"
+        );
         Ok(true)
     }
 

@@ -3,20 +3,20 @@
 //! requests through a cloneable [`EngineHandle`] and read events from their
 //! [`RequestStream`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use tempo9_models::Model;
 use tempo9_tokenizer::Tokenizer;
 
-use crate::core::{EngineConfig, EngineCore, EngineError, EngineStats, Limits};
+use crate::core::{EngineConfig, EngineCore, EngineError, EngineStats, Limits, Ticket};
 use crate::request::Request;
 use crate::{RequestStream, SubmitError};
 
 enum Command {
-    /// A checked request and the channel to return its stream on.
-    Submit(Box<Request>, mpsc::SyncSender<RequestStream>),
+    /// A checked request and the engine's end of the stream its submitter holds.
+    Submit(Box<Request>, Ticket),
     /// Something changed (a cancellation): look at the requests again.
     Wake,
     /// Stop: end the loop and drop the core (which flushes and, if persistent,
@@ -40,6 +40,7 @@ impl Engine {
             limits: core.limits().clone(),
             max_context: core.max_context(),
             queued: core.queued(),
+            next_id: AtomicU64::new(0),
             stats: Mutex::new(core.stats()),
             model,
             tokenizer,
@@ -58,6 +59,8 @@ struct Shared {
     limits: Limits,
     max_context: usize,
     queued: Arc<AtomicUsize>,
+    /// The last request id handed out (ids grow in submission order).
+    next_id: AtomicU64,
     stats: Mutex<EngineStats>,
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
@@ -78,16 +81,19 @@ impl EngineHandle {
         let sh = &self.shared;
         sh.limits.check(&req, sh.queued.load(Ordering::Relaxed))?;
         sh.queued.fetch_add(1, Ordering::Relaxed);
-        let (back_tx, back_rx) = mpsc::sync_channel(1);
+        // The stream is made here, so a submitter never waits for the engine thread
+        // (which may be in the middle of a long step): requests sent one after another
+        // from one thread still join the same step.
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (ticket, mut stream) = RequestStream::open(id);
         if self
             .tx
-            .send(Command::Submit(Box::new(req), back_tx))
+            .send(Command::Submit(Box::new(req), ticket))
             .is_err()
         {
             sh.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(SubmitError::Stopped);
         }
-        let mut stream = back_rx.recv().map_err(|_| SubmitError::Stopped)?;
         let wake_tx = self.tx.clone();
         stream.set_wake(Arc::new(move || {
             let _ = wake_tx.send(Command::Wake);
@@ -133,9 +139,9 @@ fn engine_loop(mut core: EngineCore, rx: Receiver<Command>, shared: Arc<Shared>)
     };
     // Returns the acknowledgement channel of a shutdown.
     let handle = |core: &mut EngineCore, cmd: Command| match cmd {
-        Command::Submit(req, back) => {
+        Command::Submit(req, ticket) => {
             // Already counted in `queued` by the handle.
-            let _ = back.send(core.enqueue(*req));
+            core.enqueue_ticket(*req, ticket);
             None
         }
         Command::Wake => None,

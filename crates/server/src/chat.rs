@@ -474,10 +474,10 @@ impl AppState {
         if let Some(c) = p.constraint {
             req.constraint = Some(Box::new(c));
         }
-        let engine = self.engine.clone();
-        let stream = tokio::task::spawn_blocking(move || engine.submit(req))
-            .await
-            .map_err(|e| ApiError::new(family, ErrorKind::Internal, e.to_string()))?
+        // Submitting only queues the request (it never waits for the engine thread).
+        let stream = self
+            .engine
+            .submit(req)
             .map_err(|e| submit_error(family, e))?;
         let mut parser = p.format.parser(&p.tools, p.parse_calls);
         let mut pending = Vec::new();
