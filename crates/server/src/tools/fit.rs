@@ -12,7 +12,8 @@ use serde_json::Value;
 
 /// Whether `v` fits `schema` (a JSON Schema subset: `type`, `enum`, `properties`,
 /// `required`, `additionalProperties: false`, `items`, `anyOf`/`oneOf`). Keywords
-/// outside that subset, and type names it does not know, accept anything.
+/// outside that subset, and type names it does not know, accept anything; `null`
+/// for an optional property counts as leaving it out.
 pub(crate) fn fits(v: &Value, schema: &Value) -> bool {
     let Some(s) = schema.as_object() else {
         return true;
@@ -50,7 +51,11 @@ pub(crate) fn fits(v: &Value, schema: &Value) -> bool {
                 return false;
             }
             let closed = s.get("additionalProperties") == Some(&Value::Bool(false));
+            let is_required = |k: &str| required.into_iter().flatten().any(|r| r == k);
             o.iter().all(|(k, val)| match props.and_then(|p| p.get(k)) {
+                // Models often spell out optional parameters they leave unset as `null`:
+                // that is an absent value, not a wrong type.
+                Some(_) if val.is_null() && !is_required(k) => true,
                 Some(ps) => fits(val, ps),
                 None => !closed,
             })
@@ -121,6 +126,7 @@ mod tests {
             json!({"city": "Oslo", "coords": [1, 2.5], "opts": {"fast": true}}),
             json!({"city": "Oslo", "id": 7}),
             json!({"city": "Oslo", "id": "x7"}),
+            json!({"city": "Oslo", "days": null, "unit": null}),
         ] {
             assert!(call_fits(&a, &p), "{a}");
         }
@@ -139,6 +145,7 @@ mod tests {
             json!({"city": "Oslo", "opts": {"fast": "yes"}}),
             json!({"city": "Oslo", "id": true}),
             json!({"city": "Oslo", "country": "NO"}),
+            json!({"city": null}),
             json!(["Oslo"]),
         ] {
             assert!(!call_fits(&a, &p), "{a}");
