@@ -267,7 +267,8 @@ impl RequestStream {
         self.id
     }
 
-    /// The next event; `None` after [`Event::Finished`].
+    /// The next event; `None` after [`Event::Finished`], or if the engine stopped
+    /// without finishing the request.
     pub async fn recv(&mut self) -> Option<Event> {
         self.rx.recv().await
     }

@@ -76,7 +76,8 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Submits a request; its events arrive on the returned stream. Refuses
     /// malformed requests, prompts over the context limit and submissions beyond
-    /// the waiting-queue limit right away.
+    /// the waiting-queue limit right away. If the engine stops before taking the
+    /// request, the stream ends (`None`) without an [`crate::Event::Finished`].
     pub fn submit(&self, req: Request) -> Result<RequestStream, SubmitError> {
         let sh = &self.shared;
         sh.limits.check(&req, sh.queued.load(Ordering::Relaxed))?;
