@@ -4,12 +4,14 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl llamabench ncu depth prefix offload pack
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu depth prefix offload pack
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
 #   variants  bench with CUDA graphs off / ggml's graph optimisation on, for attribution
 #   pdl     8B decode with programmatic dependent launch on (ggml's default; Tempo9 turns it off)
+#   pdlparity  the parity check (alone and batched) with PDL on, to see whether the wrong
+#           numbers that made Tempo9 turn it off (see crates/cli/src/device.rs) remain
 #   llamabench  builds llama.cpp's llama-bench from .llama-src (started in the background
 #           by `build`) and runs pp512/tg128 -fa 1 on the 8B file, PDL default and off
 #   ncu     per-kernel GPU time and DRAM bytes of a few 8B decode steps (Nsight Compute),
@@ -76,6 +78,14 @@ if has parity; then
     # auto picks the GPU when the library loads
     $T run --gguf "$work/llama-135m-q4_k.gguf" --device auto --raw --temperature 0 --max-tokens 4 hi \
         2>&1 >/dev/null | grep -q "generated" && echo "device auto: ok"
+fi
+
+if has pdlparity; then
+    say pdlparity
+    for m in llama-135m-q4_k qwen2-0.5b-q4_k; do
+        GGML_CUDA_PDL=1 $T check-device --gguf "$work/$m.gguf" --device cuda --prompts 8 --tokens 32 \
+            2>>"$out/run.log" | sed 's/^{/{"variant":"GGML_CUDA_PDL=1",/' | tee -a "$out/results.jsonl"
+    done
 fi
 
 if has bench; then

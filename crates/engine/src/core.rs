@@ -379,7 +379,27 @@ impl Live {
     fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.tx.is_closed()
     }
+
+    /// Its next token is the top logit and nothing else: no constraint, banned
+    /// tokens, penalties or log-probabilities (the device may pick it).
+    fn plain_greedy(&self) -> bool {
+        self.constraint.is_none()
+            && self.banned.is_empty()
+            && !self.logprobs
+            && self.top_logprobs == 0
+            && self.sampler.is_plain_greedy()
+    }
 }
+
+/// What a step's forward pass gives the sampler.
+enum StepOut {
+    /// Logits of every sampling request, in batch order.
+    Logits(Vec<f32>),
+    /// The device's greedy pick for every sampling request (all plain greedy).
+    Tokens(Vec<u32>),
+}
+
+impl Live {}
 
 /// An admitted request whose cached prefix is being read back from the SSD tier; it
 /// holds its pages but is not scheduled until the load is in.
@@ -686,7 +706,7 @@ impl EngineCore {
         let planned = started.elapsed();
         let batch = self.assemble(&work);
         let t0 = std::time::Instant::now();
-        let mut logits = match self.forward(&work, &batch) {
+        let mut out = match self.forward(&work, &batch) {
             Ok(l) => l,
             Err(e) => {
                 let msg = e.to_string();
@@ -719,7 +739,7 @@ impl EngineCore {
             );
         }
         let t1 = std::time::Instant::now();
-        self.after_step(&work, &mut logits);
+        self.after_step(&work, &mut out);
         let step_s = started.elapsed().as_secs_f64();
         self.stats.step_seconds_total += step_s;
         // Where a step's time goes: planning (admission, scheduling), building the
@@ -1179,7 +1199,7 @@ impl EngineCore {
 
     /// Runs the model; meanwhile a worker thread computes the constraint masks of
     /// the requests that sample in this step.
-    fn forward(&mut self, work: &[Work], batch: &StepBatch) -> Result<Vec<f32>, ModelError> {
+    fn forward(&mut self, work: &[Work], batch: &StepBatch) -> Result<StepOut, ModelError> {
         let sampling: Vec<RequestId> = work
             .iter()
             .filter(|w| {
@@ -1188,6 +1208,16 @@ impl EngineCore {
             })
             .map(|w| w.id)
             .collect();
+        // On a GPU, greedy picks made there save downloading the logits.
+        if self.model.greedy_on_device()
+            && self
+                .running
+                .iter()
+                .all(|s| s.plain_greedy() || !sampling.contains(&s.id))
+        {
+            let tokens = self.model.forward_greedy(&mut self.exec, &self.kv, batch)?;
+            return Ok(StepOut::Tokens(tokens));
+        }
         let EngineCore {
             model,
             exec,
@@ -1200,7 +1230,7 @@ impl EngineCore {
             .filter(|s| s.constraint.is_some() && sampling.contains(&s.id))
             .collect();
         if constrained.is_empty() {
-            return model.forward(exec, kv, batch);
+            return model.forward(exec, kv, batch).map(StepOut::Logits);
         }
         std::thread::scope(|sc| {
             let masks = sc.spawn(move || {
@@ -1211,13 +1241,13 @@ impl EngineCore {
             });
             let logits = model.forward(exec, kv, batch);
             masks.join().expect("mask worker panicked");
-            logits
+            logits.map(StepOut::Logits)
         })
     }
 
     /// Commits the step's KV, samples for every request whose tokens are all
     /// computed, sends events and ends finished requests.
-    fn after_step(&mut self, work: &[Work], logits: &mut [f32]) {
+    fn after_step(&mut self, work: &[Work], out: &mut StepOut) {
         let n_vocab = self.model.hparams().n_vocab;
         // Output rows follow the batch order.
         let mut row = 0;
@@ -1236,9 +1266,22 @@ impl EngineCore {
             if w.end < s.tokens.len() {
                 continue;
             }
-            let l = &mut logits[row * n_vocab..(row + 1) * n_vocab];
+            let ended = match out {
+                StepOut::Logits(logits) => {
+                    let l = &mut logits[row * n_vocab..(row + 1) * n_vocab];
+                    sample_one(s, l, &self.tok, self.limits.max_context)
+                }
+                StepOut::Tokens(ids) => take_token(
+                    s,
+                    ids[row],
+                    None,
+                    Vec::new(),
+                    &self.tok,
+                    self.limits.max_context,
+                ),
+            };
             row += 1;
-            if let Some(reason) = sample_one(s, l, &self.tok, self.limits.max_context) {
+            if let Some(reason) = ended {
                 finished.push((s.id, reason));
             } else if s.tx.is_closed() {
                 finished.push((s.id, FinishReason::Cancelled));
@@ -1286,6 +1329,19 @@ fn sample_one(
         None => s.sampler.sample(l),
     };
     let logprob = raw.map(|(log_z, raw)| chosen_logprob(&top, t, log_z, &raw));
+    take_token(s, t, logprob, top, tok, max_context)
+}
+
+/// Appends the chosen token `t` to `s` (with its log-probability and top list when
+/// asked for), sends its event, and says whether (and why) the request ends.
+fn take_token(
+    s: &mut Live,
+    t: u32,
+    logprob: Option<f32>,
+    top: Vec<(u32, f32)>,
+    tok: &Tokenizer,
+    max_context: usize,
+) -> Option<FinishReason> {
     s.sampler.accept(t);
     s.tokens.push(t);
     s.usage.completion_tokens += 1;

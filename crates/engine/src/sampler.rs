@@ -176,6 +176,12 @@ impl Sampler {
         *self.counts.entry(token).or_insert(0) += 1;
     }
 
+    /// Whether [`Sampler::sample`] is the plain argmax of the logits (greedy, no
+    /// penalties).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.params.is_greedy() && !self.params.has_penalties()
+    }
+
     /// Picks the next token. `logits` (one per vocabulary entry) may be modified
     /// in place: non-finite values sanitized and penalties applied.
     ///
@@ -195,7 +201,7 @@ impl Sampler {
         logits: &mut [f32],
         allowed: Option<&dyn Fn(u32) -> bool>,
     ) -> u32 {
-        if allowed.is_none() && self.params.is_greedy() && !self.params.has_penalties() {
+        if allowed.is_none() && self.is_plain_greedy() {
             // The common greedy case needs no sanitizing pass: `argmax` skips NaN
             // and takes +inf as it is.
             return argmax(logits).unwrap_or(0);

@@ -417,6 +417,16 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_concat(c, a.raw(), b.raw(), dim as i32) })
     }
 
+    /// The index of each row's largest element: `a` `[n, rows]` F32 gives `[rows]`
+    /// I32. Ties and NaN follow the backend's kernel (the CPU's runs on one thread
+    /// and keeps the last maximum; CUDA's keeps one of them); a row with no value
+    /// above `-f32::MAX` gives -1 on CUDA.
+    pub fn argmax<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        assert!(a.dtype() == DType::F32, "argmax: F32 input");
+        // SAFETY: live tensor; type checked.
+        self.op1(|c| unsafe { sys::ggml_argmax(c, a.raw()) })
+    }
+
     /// `a` converted to `dtype`.
     pub fn cast<'a>(&'a self, a: Tensor<'a>, dtype: DType) -> Tensor<'a> {
         // SAFETY: live tensor.
@@ -612,6 +622,21 @@ impl<'ctx> Tensor<'ctx> {
             std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
         };
         self.write_bytes(0, bytes)
+    }
+
+    /// Reads the tensor's I32 data from its start into `out`.
+    pub fn read_i32(&self, out: &mut [i32]) -> Result<(), GgmlError> {
+        if self.dtype() != DType::I32 {
+            return Err(GgmlError::TensorData {
+                name: self.name(),
+                what: "not I32".into(),
+            });
+        }
+        let len = out.len() * 4;
+        self.check_io(0, len)?;
+        // SAFETY: allocated tensor; range checked; out is len bytes of writable i32s.
+        unsafe { sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), 0, len) };
+        Ok(())
     }
 
     /// Reads the tensor's F32 data starting at element `offset` into `out`.

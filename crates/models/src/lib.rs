@@ -150,6 +150,8 @@ struct StepShape {
     kv: usize,
     n_tokens: usize,
     n_out: usize,
+    /// The graph ends in an argmax (greedy tokens) instead of logits.
+    greedy: bool,
     /// Each sequence's (first row, rows): the matmul row groups.
     seqs: Vec<(usize, usize)>,
     ops: Vec<OpShape>,
@@ -169,12 +171,19 @@ struct OpShape {
 }
 
 impl StepShape {
-    fn of(model: &Model, kv: &KvStore, b: &StepBatch, ops: &[attn::AttnOp<'_>]) -> StepShape {
+    fn of(
+        model: &Model,
+        kv: &KvStore,
+        b: &StepBatch,
+        ops: &[attn::AttnOp<'_>],
+        greedy: bool,
+    ) -> StepShape {
         StepShape {
             model: model as *const Model as usize,
             kv: kv as *const KvStore as usize,
             n_tokens: b.tokens.len(),
             n_out: b.output_rows.len(),
+            greedy,
             seqs: b.seqs.iter().map(|s| (s.row_start, s.n_rows)).collect(),
             ops: ops
                 .iter()
@@ -218,13 +227,14 @@ fn kept<'c>(keep: &mut Vec<Tensor<'c>>, t: Tensor<'c>) -> usize {
     keep.len() - 1
 }
 
-/// Indices (into [`KeptGraph::tensor`]) of a step graph's inputs and logits.
+/// Indices (into [`KeptGraph::tensor`]) of a step graph's inputs and output.
 struct InputIds {
     tokens: usize,
     pos: usize,
     slots: usize,
     out_ids: usize,
-    logits: usize,
+    /// The logits, or in a greedy graph the token ids.
+    out: usize,
     attn: Vec<AttnIds>,
     /// Window row indices with their values.
     window_rows: Vec<(usize, Vec<i64>)>,
@@ -445,10 +455,48 @@ impl Model {
         kv: &Arc<KvStore>,
         batch: &StepBatch,
     ) -> Result<Vec<f32>, ModelError> {
+        match self.step(exec, kv, batch, false)? {
+            StepOut::Logits(l) => Ok(l),
+            StepOut::Tokens(_) => unreachable!("a logits graph returns logits"),
+        }
+    }
+
+    /// Like [`Model::forward`], but returns each output row's highest-scoring token,
+    /// picked on the device: a GPU then sends back one id per row instead of a
+    /// vocabulary of logits (33 MB per step for 64 rows of a 128K vocabulary).
+    /// Exact ties go to whichever id the device's kernel keeps, and a row whose
+    /// logits are all NaN or -inf gives token 0. Worth it only where
+    /// [`Model::greedy_on_device`] says so.
+    pub fn forward_greedy(
+        self: &Arc<Self>,
+        exec: &mut Executor,
+        kv: &Arc<KvStore>,
+        batch: &StepBatch,
+    ) -> Result<Vec<u32>, ModelError> {
+        match self.step(exec, kv, batch, true)? {
+            StepOut::Tokens(t) => Ok(t),
+            StepOut::Logits(_) => unreachable!("a greedy graph returns tokens"),
+        }
+    }
+
+    /// Whether [`Model::forward_greedy`] saves time: the output layer runs on a GPU.
+    /// (On the CPU the logits are already in host memory, and ggml's CPU argmax
+    /// runs on one thread.)
+    pub fn greedy_on_device(&self) -> bool {
+        self.device.kind() != DeviceKind::Cpu && self.offload.is_full(self.hp.n_layer)
+    }
+
+    fn step(
+        self: &Arc<Self>,
+        exec: &mut Executor,
+        kv: &Arc<KvStore>,
+        batch: &StepBatch,
+        greedy: bool,
+    ) -> Result<StepOut, ModelError> {
         self.check(batch, kv)?;
         let cpu = self.device.kind() == DeviceKind::Cpu;
         let ops = attn::plan(batch, kv.n_cells(), cpu);
-        let shape = StepShape::of(self, kv, batch, &ops);
+        let shape = StepShape::of(self, kv, batch, &ops, greedy);
         let Executor { sched, kept, built } = exec;
         if kept.as_ref().is_none_or(|k| k.shape != shape) {
             // Free the old graph's context before building the next.
@@ -476,6 +524,7 @@ impl Model {
     ) -> Result<StepGraph, ModelError> {
         let n_t = batch.tokens.len();
         let n_out = batch.output_rows.len();
+        let greedy = shape.greedy;
         // Size the arena to this graph (a fixed worst case would cost a large
         // allocation and page faults on every rebuild).
         // Per layer: fixed ops plus, per sequence, its own matmul group in each of
@@ -548,8 +597,9 @@ impl Model {
                 Graphs::Llama(g) => g.build(&mut b),
                 Graphs::Gemma3(g) => g.build(&mut b),
             };
-            logits.set_output();
-            b.graph.expand(logits);
+            let out = if greedy { b.ctx.argmax(logits) } else { logits };
+            out.set_output();
+            b.graph.expand(out);
             let Builder { graph, inp, .. } = b;
             // The tensors written or read each step, by index.
             let mut keep = Vec::new();
@@ -558,7 +608,7 @@ impl Model {
                 pos: kept(&mut keep, inp.pos),
                 slots: kept(&mut keep, inp.slots),
                 out_ids: kept(&mut keep, inp.out_ids),
-                logits: kept(&mut keep, logits),
+                out: kept(&mut keep, out),
                 attn: Vec::new(),
                 window_rows: Vec::new(),
             };
@@ -589,14 +639,15 @@ impl Model {
         Ok(StepGraph { shape, graph, ins })
     }
 
-    /// Writes a step's inputs into its allocated graph, computes it and reads the logits.
+    /// Writes a step's inputs into its allocated graph, computes it and reads the
+    /// logits (or greedy tokens).
     fn run(
         &self,
         sched: &mut Scheduler,
         step: &StepGraph,
         batch: &StepBatch,
         ops: &[attn::AttnOp<'_>],
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<StepOut, ModelError> {
         let (g, ins) = (&step.graph, &step.ins);
         let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
         g.tensor(ins.tokens).write(&toks)?;
@@ -634,8 +685,23 @@ impl Model {
             g.tensor(*t).write(rows)?;
         }
         sched.compute(&g.graph())?;
-        let mut out = vec![0f32; batch.output_rows.len() * self.hp.n_vocab];
-        g.tensor(ins.logits).read_f32(0, &mut out)?;
-        Ok(out)
+        let n_out = batch.output_rows.len();
+        if step.shape.greedy {
+            let mut ids = vec![0i32; n_out];
+            g.tensor(ins.out).read_i32(&mut ids)?;
+            // -1: nothing above -f32::MAX (the host sampler's argmax gives 0 then).
+            return Ok(StepOut::Tokens(
+                ids.into_iter().map(|t| t.max(0) as u32).collect(),
+            ));
+        }
+        let mut out = vec![0f32; n_out * self.hp.n_vocab];
+        g.tensor(ins.out).read_f32(0, &mut out)?;
+        Ok(StepOut::Logits(out))
     }
+}
+
+/// What a step graph returns.
+enum StepOut {
+    Logits(Vec<f32>),
+    Tokens(Vec<u32>),
 }

@@ -241,6 +241,40 @@ fn steps_of_one_shape_reuse_the_graph() {
     assert_eq!(forward(&[a]), (fresh(&[a]), 1));
 }
 
+/// `forward_greedy` returns each output row's top logit, as the logits graph
+/// computes it, and its graph is kept apart from the logits graph of the same step.
+#[test]
+fn greedy_step_picks_each_rows_top_logit() {
+    let model = load(tiny_llama(|_| {}, None)).expect("load");
+    let run = |start, len| CellRun { start, len };
+    let w = [vec![run(0, 16)], vec![run(16, 16)]];
+    let seqs: [&[u32]; 2] = [&[1, 5, 9, 13, 2], &[7, 3, 3, 11, 4, 6]];
+    let kv = model.new_kv(64).unwrap();
+    let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
+    let b = prompt_batch(&seqs, &w);
+    let logits = model.forward(&mut exec, &kv, &b).unwrap();
+    let top: Vec<u32> = logits
+        .chunks(VOCAB)
+        .map(|l| {
+            let best = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(l.iter().filter(|&&x| x == best).count(), 1, "a tie");
+            l.iter().position(|&x| x == best).unwrap() as u32
+        })
+        .collect();
+    let built = exec.graphs_built();
+    assert_eq!(model.forward_greedy(&mut exec, &kv, &b).unwrap(), top);
+    assert_eq!(
+        exec.graphs_built(),
+        built + 1,
+        "greedy steps need their own graph"
+    );
+    // The kept greedy graph, then back to logits: the same numbers again.
+    assert_eq!(model.forward_greedy(&mut exec, &kv, &b).unwrap(), top);
+    assert_eq!(exec.graphs_built(), built + 1);
+    assert_eq!(model.forward(&mut exec, &kv, &b).unwrap(), logits);
+    assert!(!model.greedy_on_device(), "the CPU samples on the host");
+}
+
 /// A window scattered over several runs of cells (a paged cache) computes exactly
 /// what one contiguous window does.
 #[test]
