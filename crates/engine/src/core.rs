@@ -25,12 +25,12 @@ use tempo9_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::pages::{PagePool, PrefixMatch, ROOT_HASH};
+use crate::partial_page::{self, FinishedSources, Source, Want, ROW_GROUP};
 use crate::request::{
     Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenEvent, TokenMask, Usage,
 };
 use crate::sampler::{log_softmax_top, Sampler};
 use crate::scheduler::{Policy, Rank};
-use crate::short_prefix::{self, FinishedSources, Source, ROW_GROUP};
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 
@@ -370,8 +370,8 @@ struct Live {
     cancel: Arc<AtomicBool>,
     usage: Usage,
     admitted_before: bool,
-    /// Leading prompt cells another short prompt may copy (see
-    /// [`crate::short_prefix`]); 0 until its short prompt is computed.
+    /// Leading prompt cells another prompt may copy (see [`crate::partial_page`]);
+    /// 0 until its prompt is computed.
     exact_cells: usize,
 }
 
@@ -447,8 +447,8 @@ pub struct EngineCore {
     /// Compute-buffer size last logged (the buffers only grow; logged again when a
     /// quarter larger, so small steps of growth do not flood the log).
     compute_bytes_logged: usize,
-    /// First pages of finished short prompts, for [`crate::short_prefix`].
-    short_sources: FinishedSources,
+    /// Pages where finished prompts' exact cells end, for [`crate::partial_page`].
+    copy_sources: FinishedSources,
     /// When the engine started: the origin of [`Rank::arrived_us`].
     epoch: std::time::Instant,
 }
@@ -514,7 +514,7 @@ impl EngineCore {
             tok,
             exec,
             compute_bytes_logged: 0,
-            short_sources: FinishedSources::default(),
+            copy_sources: FinishedSources::default(),
             kv,
             pool,
             ssd,
@@ -800,9 +800,13 @@ impl EngineCore {
     /// request ends without a token of its own (cancelled, failed or out of memory).
     fn end(&mut self, s: Live, reason: FinishReason) {
         if self.pool.contains(s.id) {
-            if s.exact_cells > 0 {
-                let page = self.pool.page_table(s.id).expect("allocated")[0];
-                self.short_sources.remember(&self.pool, page, s.exact_cells);
+            let ps = self.pool.page_size();
+            if let Some((j, exact)) = partial_page::exact_tail(s.exact_cells, ps) {
+                let table = self.pool.page_table(s.id).expect("allocated");
+                if let Some(&page) = table.get(j) {
+                    let tiled = partial_page::tiled(s.n_prompt);
+                    self.copy_sources.remember(&self.pool, page, exact, tiled);
+                }
             }
             self.pool.free(s.id).expect("allocated");
         }
@@ -983,8 +987,8 @@ impl EngineCore {
     /// request whose whole prompt and some output are cached): matmuls over fewer
     /// rows (2-7) were seen to round differently. The rest runs through the same
     /// flash-attention kernel as from scratch (padded to a tile:
-    /// `SeqSpan::tiled_prompt`). (Prompts under a chunk copy part of a page
-    /// instead: [`Self::copy_short_prefix`].)
+    /// `SeqSpan::tiled_prompt`). (Beyond the hit, part of the next page may be
+    /// copied: [`Self::copy_partial_page`].)
     fn usable_prefix(&self, w: &Live) -> usize {
         let m = self.pool.lookup_prefix(&w.tokens, 0);
         let on_disk = self.ssd_continuation(&w.tokens, &m).len();
@@ -997,36 +1001,50 @@ impl EngineCore {
         }
     }
 
-    /// Starts a newly admitted short prompt (no cached pages) on the longest prefix it
-    /// shares with the first page of another short prompt, copying those cells'
-    /// KV into its own first page (see [`crate::short_prefix`]).
-    fn copy_short_prefix(&mut self, s: &mut Live) {
-        if short_prefix::exact_cells(s.n_prompt) == 0 || s.tokens.len() != s.n_prompt {
+    /// Extends a newly admitted prompt's cached prefix `m` inside the next page: copies
+    /// the KV of the longest run of 16-token blocks it shares with the page where
+    /// another prompt's exact cells end, under the same cached page (see
+    /// [`crate::partial_page`]). Leaves a token to compute, and a whole block for a
+    /// prompt of a chunk or more (see [`Self::usable_prefix`]).
+    fn copy_partial_page(&mut self, s: &mut Live, m: &PrefixMatch) {
+        let ps = self.pool.page_size();
+        let start = m.n_cached_tokens;
+        let tiled = partial_page::tiled(s.n_prompt);
+        let keep = if tiled { ROW_GROUP } else { 1 };
+        let limit = s.n_prompt.saturating_sub(start + keep).min(ps);
+        if limit < ROW_GROUP || s.tokens.len() != s.n_prompt || s.n_computed != start {
             return;
         }
-        self.short_sources.prune(&self.pool);
-        // A preempted and resumed request keeps its `exact_cells`, but its first page
-        // holds those cells again only once its prompt is recomputed (or re-hit).
+        self.copy_sources.prune(&self.pool);
+        let pool = &self.pool;
+        // A preempted and resumed request keeps its `exact_cells`, but its pages hold
+        // those cells again only once its prompt is recomputed (or re-hit).
         let running = self
             .running
             .iter()
-            .filter(|r| r.exact_cells > 0 && r.n_computed >= r.n_prompt)
-            .map(|r| Source {
-                page: self
-                    .pool
-                    .page_table(r.id)
-                    .expect("running requests hold pages")[0],
-                tokens: &r.tokens[..r.exact_cells],
+            .filter(|r| r.n_computed >= r.n_prompt)
+            .filter_map(|r| {
+                let (j, exact) = partial_page::exact_tail(r.exact_cells, ps)?;
+                let table = pool.page_table(r.id).expect("running requests hold pages");
+                Some(Source {
+                    page: table[j],
+                    parent: j.checked_sub(1).map(|i| table[i]),
+                    tiled: partial_page::tiled(r.n_prompt),
+                    tokens: &r.tokens[j * ps..j * ps + exact],
+                })
             });
-        let Some((page, n)) = short_prefix::best_match(
-            &s.tokens,
-            running.chain(self.short_sources.iter(&self.pool)),
-        ) else {
+        let want = Want {
+            parent: m.pages.last().copied(),
+            tiled,
+            rest: &s.tokens[start..],
+            limit,
+        };
+        let sources = running.chain(self.copy_sources.iter(pool));
+        let Some((page, n)) = partial_page::best_match(want, sources) else {
             return;
         };
-        let ps = self.pool.page_size();
         let failed = |e: &dyn std::fmt::Display| {
-            tracing::warn!(error = %e, "short-prompt prefix copy failed; computing it");
+            tracing::warn!(error = %e, "partial-page prefix copy failed; computing it");
         };
         // Read before taking a page: taking one may evict the (cached) source.
         let data = match self.kv.read_cells(page as usize * ps, n) {
@@ -1038,11 +1056,11 @@ impl EngineCore {
             Err(e) => return failed(&e),
         };
         if let Err(e) = self.kv.write_cells(cells[0], n, &data) {
-            self.pool.truncate(s.id, 0).expect("allocated");
+            self.pool.truncate(s.id, start).expect("allocated");
             return failed(&e);
         }
-        s.n_computed = n;
-        s.usage.cached_tokens = n;
+        s.n_computed = start + n;
+        s.usage.cached_tokens += n;
         self.stats.prefix_copied_tokens += n as u64;
     }
 
@@ -1124,8 +1142,8 @@ impl EngineCore {
             }
             s.n_computed = m.n_cached_tokens;
             if let Some(mut s) = self.ssd_begin_load(s, usable, &m, first_admission) {
-                if first_admission && m.n_cached_tokens == 0 {
-                    self.copy_short_prefix(&mut s);
+                if first_admission {
+                    self.copy_partial_page(&mut s, &m);
                 }
                 self.running.push(s);
             }
@@ -1260,8 +1278,9 @@ impl EngineCore {
                 .commit_full_pages(s.id, &s.tokens[..s.n_computed])
                 .expect("cells were appended");
             if w.end == s.n_prompt && s.usage.preemptions == 0 {
-                // A short prompt is computed in one piece (from 0 or a copied prefix).
-                s.exact_cells = short_prefix::exact_cells(s.n_prompt);
+                // Its prompt was computed in pieces starting at multiples of
+                // ROW_GROUP: the rows in whole blocks are exact (see partial_page).
+                s.exact_cells = partial_page::exact_cells(s.n_prompt);
             }
             if w.end < s.tokens.len() {
                 continue;

@@ -8,10 +8,10 @@
 mod core;
 mod handle;
 pub mod pages;
+mod partial_page;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
-mod short_prefix;
 pub mod ssd;
 mod stop;
 

@@ -715,6 +715,12 @@ impl PagePool {
         p.entry.as_ref().map(|e| (p.epoch, &e.tokens[..]))
     }
 
+    /// While `page` is registered: the cached page before it in its prompt (`None`
+    /// for a first page); `None` when it is not registered.
+    pub fn registered_parent(&self, page: PageId) -> Option<Option<PageId>> {
+        self.store.page(page).entry.as_ref().map(|e| e.parent)
+    }
+
     /// The longest run of cached full pages that starts `tokens` under `salt`.
     ///
     /// At most `(tokens.len() - 1) / page_size` pages: the last prompt token is always

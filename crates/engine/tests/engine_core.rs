@@ -94,6 +94,15 @@ fn with_logprobs(prompt: &[u32], n: usize) -> Request {
     r
 }
 
+/// Asserts that `got` has the tokens and top log-probabilities of `alone`, bit for bit.
+fn same_as_alone(file: &str, name: &str, got: &Output, alone: &Output) {
+    assert_eq!(got.tokens, alone.tokens, "{file}: {name}'s tokens");
+    assert_eq!(
+        got.top_logprobs, alone.top_logprobs,
+        "{file}: {name}'s logprobs"
+    );
+}
+
 #[test]
 fn same_tokens_alone_batched_warm_and_preempted() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -128,7 +137,9 @@ fn same_tokens_alone_batched_warm_and_preempted() {
     }
 
     // Warm prefix cache: prompt pages are served from the cache (every whole page
-    // that leaves 16 tokens or more to compute), and the outputs are identical.
+    // that leaves 16 tokens or more to compute), then the 16-token blocks the first
+    // run computed exactly in the next page are copied (its answer filled that page,
+    // so it stayed cached), and the outputs are identical.
     let warm = run_batch(
         &mut shared,
         ps.iter().map(|p| greedy(p.clone(), N_GEN)).collect(),
@@ -136,7 +147,20 @@ fn same_tokens_alone_batched_warm_and_preempted() {
     let cached: usize = warm.iter().map(|o| o.finish.usage.cached_tokens).sum();
     let want: usize = ps
         .iter()
-        .map(|p| p.len().saturating_sub(16) / 64 * 64)
+        .map(|p| {
+            let n = p.len();
+            let pages = n.saturating_sub(16) / 64 * 64;
+            let exact = n / 16 * 16;
+            let keep = if n >= 64 { 16 } else { 1 };
+            // Its KV holds the prompt and all but the last generated token.
+            let filled = n + N_GEN > pages + 64;
+            let copy = if exact > pages && exact < pages + 64 && filled {
+                (exact - pages).min(n - pages - keep) / 16 * 16
+            } else {
+                0
+            };
+            pages + copy
+        })
         .sum();
     assert_eq!(cached, want, "warm: cached prompt tokens");
     assert!(cached > 0);
@@ -608,12 +632,93 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
             ("c", &c, &out_c),
             ("d", &d, &out_d),
         ] {
-            let want = alone(p);
-            assert_eq!(o.tokens, want.tokens, "{file}: {name}'s tokens");
-            assert_eq!(
-                o.top_logprobs, want.top_logprobs,
-                "{file}: {name}'s logprobs"
-            );
+            same_as_alone(file, name, o, &alone(p));
+        }
+        assert_eq!(eng.stats().kv_pages_used, 0);
+    }
+}
+
+/// A prompt that continues an earlier one (the next turn: the earlier prompt, then
+/// new tokens) copies the earlier prompt's exact cells in its last, partial page
+/// (after the cached whole pages), from the finished request's page (registered once
+/// its answer filled it) or from a running request's page; the numbers are those of
+/// the prompt alone, bit for bit, on all three models.
+#[test]
+fn continued_prompts_copy_the_partial_page_exactly() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for (file, model, tok) in real_models() {
+        let probe = |p: &[u32]| with_logprobs(p, 16);
+        // Varied text: a repetitive one would be continued by the answers, which then
+        // fill pages that a later prompt hits as a whole.
+        let text = tok.encode(
+            "Summarise the design of a paged KV cache with a global prefix cache. Pages hold \
+             sixty-four tokens each and are shared by reference counting between requests \
+             whose prompts begin with the same tokens. When memory runs short, unreferenced \
+             pages leave in least-recently-used order, and a request that still cannot fit \
+             is preempted and recomputed later. The scheduler admits requests by free pages, \
+             chunks long prompts under a per-step token budget, and lets decoding streams \
+             run every step. Explain how cancellation returns pages, how the SSD tier keeps \
+             evicted prefixes, why outputs stay bit-identical after a preemption, and which \
+             counters an operator should watch on the metrics endpoint during an incident \
+             with many coding agents sharing one long system prompt and tool history. \
+             Finally, compare this design with the per-slot caches of llama.cpp's server and \
+             with vLLM's block manager, listing what each does better on a small machine \
+             with two cores, no GPU and a slow disk, and what you would measure first.",
+            true,
+            true,
+        );
+        let turn = tok.encode(
+            " Now list three ways it fails under memory pressure, and how to test each one.",
+            false,
+            false,
+        );
+        assert!(
+            text.len() >= 200 && turn.len() >= 16,
+            "{file}: {} and {} tokens",
+            text.len(),
+            turn.len()
+        );
+        let alone =
+            |p: &[u32]| run_batch(&mut core(&model, &tok, 64 << 20), vec![probe(p)]).remove(0);
+        let next = |p: &[u32]| [p, &turn[..]].concat();
+        let mut eng = core(&model, &tok, 64 << 20);
+        // 120 tokens: exact cells end 48 cells into the second page; 16 answer tokens
+        // fill it, so it stays cached once the request ends.
+        let first = &text[..120];
+        let out_first = run_batch(&mut eng, vec![probe(first)]).remove(0);
+        let second = next(first);
+        let out_second = run_batch(&mut eng, vec![probe(&second)]).remove(0);
+        assert_eq!(
+            out_second.finish.usage.cached_tokens, 112,
+            "{file}: copy from a finished page"
+        );
+        // 180 tokens: also a continuation of the first (copies its 48 cells, then
+        // computes 68 tokens from cell 112). Its next turn arrives while it decodes
+        // (its exact cells end 48 cells into its third page, not yet full).
+        let third = &text[..180];
+        let mut s3 = eng.submit(probe(third)).expect("submit");
+        eng.step().expect("step");
+        let fourth = next(third);
+        let mut s4 = eng.submit(probe(&fourth)).expect("submit");
+        eng.run_until_idle().expect("run");
+        eng.check_invariants().expect("invariants");
+        let (out_third, out_fourth) = (collect(&mut s3), collect(&mut s4));
+        assert_eq!(
+            out_third.finish.usage.cached_tokens, 112,
+            "{file}: third's copy"
+        );
+        assert_eq!(
+            out_fourth.finish.usage.cached_tokens, 176,
+            "{file}: copy from a running page"
+        );
+        assert_eq!(eng.stats().prefix_copied_tokens, 48 + 48 + 48, "{file}");
+        for (name, p, o) in [
+            ("first", first, &out_first),
+            ("second", &second[..], &out_second),
+            ("third", third, &out_third),
+            ("fourth", &fourth[..], &out_fourth),
+        ] {
+            same_as_alone(file, name, o, &alone(p));
         }
         assert_eq!(eng.stats().kv_pages_used, 0);
     }
