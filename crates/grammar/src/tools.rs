@@ -91,7 +91,9 @@ pub struct ToolSpec {
     /// JSON Schema of the arguments object; `None` = no parameters (`{}`).
     pub parameters: Option<Value>,
     /// Follow the schema strictly (OpenAI `function.strict`); otherwise
-    /// unsupported keywords are ignored.
+    /// unsupported keywords are ignored, and a schema that cannot be enforced at
+    /// all (one no value satisfies, such as an integer whose `enum` lists strings)
+    /// holds the arguments to its property names and required list only.
     pub strict: bool,
 }
 
@@ -151,11 +153,8 @@ impl ToolCallGrammar {
             }
             _ => self.tools.iter().collect(),
         };
-        let f = &self.format;
-        let mut lark = String::from("%llguidance {}\n");
-        // One alternative per tool: name fixed as literal text, arguments by schema.
-        let mut alts = Vec::new();
-        for (i, t) in selected.iter().enumerate() {
+        let mut schemas = Vec::new();
+        for t in &selected {
             let schema = match &t.parameters {
                 None | Some(Value::Null) => {
                     json!({"type": "object", "properties": {}, "additionalProperties": false})
@@ -169,7 +168,48 @@ impl ToolCallGrammar {
             } else {
                 SchemaMode::Lenient
             };
-            let schema = with_guidance_options(&schema, mode);
+            schemas.push(with_guidance_options(&schema, mode));
+        }
+        let top = self.lark(tok, &selected, &schemas)?;
+        let Err(e) = validate(&top) else {
+            return Ok(Grammar::from_top(top, GrammarKind::Lark));
+        };
+        // Clients pass tools on from elsewhere (MCP servers, old function specs): a
+        // non-strict tool whose schema cannot be enforced does not fail the request.
+        let mut relaxed = false;
+        for (t, schema) in selected.iter().zip(schemas.iter_mut()) {
+            match schema_error(schema) {
+                None => {}
+                Some(e) if t.strict => {
+                    return Err(bad(format!("tool '{}': parameters: {e}", t.name)));
+                }
+                Some(_) => {
+                    *schema = relax(schema);
+                    relaxed = true;
+                }
+            }
+        }
+        if !relaxed {
+            return Err(bad(format!("tool-call grammar: {e}")));
+        }
+        let top = self.lark(tok, &selected, &schemas)?;
+        validate(&top).map_err(|e| bad(format!("tool-call grammar: {e}")))?;
+        Ok(Grammar::from_top(top, GrammarKind::Lark))
+    }
+
+    /// The Lark grammar of the calls to `selected`, with these argument schemas.
+    fn lark(
+        &self,
+        tok: &Tokenizer,
+        selected: &[&ToolSpec],
+        schemas: &[Value],
+    ) -> Result<TopLevelGrammar, GrammarError> {
+        let bad = |m: String| GrammarError::InvalidTools(m);
+        let f = &self.format;
+        let mut lark = String::from("%llguidance {}\n");
+        // One alternative per tool: name fixed as literal text, arguments by schema.
+        let mut alts = Vec::new();
+        for (i, (t, schema)) in selected.iter().zip(schemas).enumerate() {
             let head = format!(
                 "{{{}: {}, {}: ",
                 json_str(&f.name_key),
@@ -179,7 +219,7 @@ impl ToolCallGrammar {
             lark.push_str(&format!(
                 "body_{i}: {} args_{i} \"}}\"\nargs_{i}: %json {}\n",
                 json_str(&head),
-                serde_json::to_string(&schema).expect("a JSON value serializes")
+                serde_json::to_string(schema).expect("a JSON value serializes")
             ));
             alts.push(format!("body_{i}"));
         }
@@ -237,10 +277,35 @@ impl ToolCallGrammar {
                 ));
             }
         }
-        let top = TopLevelGrammar::from_lark(lark);
-        validate(&top).map_err(|e| bad(format!("tool-call grammar: {e}")))?;
-        Ok(Grammar::from_top(top, GrammarKind::Lark))
+        Ok(TopLevelGrammar::from_lark(lark))
     }
+}
+
+/// Why llguidance cannot enforce the (argument) schema on its own, if it cannot.
+fn schema_error(schema: &Value) -> Option<String> {
+    let json = serde_json::to_string(schema).expect("a JSON value serializes");
+    validate(&TopLevelGrammar::from_lark(format!(
+        "%llguidance {{}}\nstart: %json {json}\n"
+    )))
+    .err()
+}
+
+/// A schema that cannot be enforced, relaxed to an object with its property names
+/// and required list (any values), or to any object.
+fn relax(schema: &Value) -> Value {
+    let options = schema.get("x-guidance").cloned().unwrap_or(json!({}));
+    if let Some(Value::Object(props)) = schema.get("properties") {
+        let any: serde_json::Map<String, Value> =
+            props.keys().map(|k| (k.clone(), json!({}))).collect();
+        let mut names = json!({"type": "object", "properties": any, "x-guidance": options});
+        if let Some(required) = schema.get("required") {
+            names["required"] = required.clone();
+        }
+        if schema_error(&names).is_none() {
+            return names;
+        }
+    }
+    json!({"type": "object", "x-guidance": options})
 }
 
 /// `s` as a JSON (and Lark) string literal.
