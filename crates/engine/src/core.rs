@@ -399,8 +399,6 @@ enum StepOut {
     Tokens(Vec<u32>),
 }
 
-impl Live {}
-
 /// An admitted request whose cached prefix is being read back from the SSD tier; it
 /// holds its pages but is not scheduled until the load is in.
 struct Loading {
