@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tempo9_models::{
-    CellRun, Executor, KvStore, MaskBuilder, Model, ModelError, SeqSpan, StepBatch,
+    CellRun, Executor, KvStore, MaskBuilder, Model, ModelError, SeqSpan, StepBatch, StepOutput,
 };
 use tempo9_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
@@ -389,14 +389,6 @@ impl Live {
             && self.top_logprobs == 0
             && self.sampler.is_plain_greedy()
     }
-}
-
-/// What a step's forward pass gives the sampler.
-enum StepOut {
-    /// Logits of every sampling request, in batch order.
-    Logits(Vec<f32>),
-    /// The device's greedy pick for every sampling request (all plain greedy).
-    Tokens(Vec<u32>),
 }
 
 /// An admitted request whose cached prefix is being read back from the SSD tier; it
@@ -1215,7 +1207,7 @@ impl EngineCore {
 
     /// Runs the model; meanwhile a worker thread computes the constraint masks of
     /// the requests that sample in this step.
-    fn forward(&mut self, work: &[Work], batch: &StepBatch) -> Result<StepOut, ModelError> {
+    fn forward(&mut self, work: &[Work], batch: &StepBatch) -> Result<StepOutput, ModelError> {
         let sampling: Vec<RequestId> = work
             .iter()
             .filter(|w| {
@@ -1231,8 +1223,9 @@ impl EngineCore {
                 .iter()
                 .all(|s| s.plain_greedy() || !sampling.contains(&s.id))
         {
-            let tokens = self.model.forward_greedy(&mut self.exec, &self.kv, batch)?;
-            return Ok(StepOut::Tokens(tokens));
+            return self
+                .model
+                .forward_step(&mut self.exec, &self.kv, batch, true);
         }
         let EngineCore {
             model,
@@ -1246,7 +1239,7 @@ impl EngineCore {
             .filter(|s| s.constraint.is_some() && sampling.contains(&s.id))
             .collect();
         if constrained.is_empty() {
-            return model.forward(exec, kv, batch).map(StepOut::Logits);
+            return model.forward(exec, kv, batch).map(StepOutput::Logits);
         }
         std::thread::scope(|sc| {
             let masks = sc.spawn(move || {
@@ -1257,13 +1250,13 @@ impl EngineCore {
             });
             let logits = model.forward(exec, kv, batch);
             masks.join().expect("mask worker panicked");
-            logits.map(StepOut::Logits)
+            logits.map(StepOutput::Logits)
         })
     }
 
     /// Commits the step's KV, samples for every request whose tokens are all
     /// computed, sends events and ends finished requests.
-    fn after_step(&mut self, work: &[Work], out: &mut StepOut) {
+    fn after_step(&mut self, work: &[Work], out: &mut StepOutput) {
         let n_vocab = self.model.hparams().n_vocab;
         // Output rows follow the batch order.
         let mut row = 0;
@@ -1284,11 +1277,11 @@ impl EngineCore {
                 continue;
             }
             let ended = match out {
-                StepOut::Logits(logits) => {
+                StepOutput::Logits(logits) => {
                     let l = &mut logits[row * n_vocab..(row + 1) * n_vocab];
                     sample_one(s, l, &self.tok, self.limits.max_context)
                 }
-                StepOut::Tokens(ids) => take_token(
+                StepOutput::Tokens(ids) => take_token(
                     s,
                     ids[row],
                     None,

@@ -455,44 +455,33 @@ impl Model {
         kv: &Arc<KvStore>,
         batch: &StepBatch,
     ) -> Result<Vec<f32>, ModelError> {
-        match self.step(exec, kv, batch, false)? {
-            StepOut::Logits(l) => Ok(l),
-            StepOut::Tokens(_) => unreachable!("a logits graph returns logits"),
+        match self.forward_step(exec, kv, batch, false)? {
+            StepOutput::Logits(l) => Ok(l),
+            StepOutput::Tokens(_) => unreachable!("a logits graph returns logits"),
         }
     }
 
-    /// Like [`Model::forward`], but returns each output row's highest-scoring token,
-    /// picked on the device: a GPU then sends back one id per row instead of a
-    /// vocabulary of logits (33 MB per step for 64 rows of a 128K vocabulary).
-    /// Exact ties go to whichever id the device's kernel keeps, and a row whose
-    /// logits are all NaN or -inf gives token 0. Worth it only where
-    /// [`Model::greedy_on_device`] says so.
-    pub fn forward_greedy(
-        self: &Arc<Self>,
-        exec: &mut Executor,
-        kv: &Arc<KvStore>,
-        batch: &StepBatch,
-    ) -> Result<Vec<u32>, ModelError> {
-        match self.step(exec, kv, batch, true)? {
-            StepOut::Tokens(t) => Ok(t),
-            StepOut::Logits(_) => unreachable!("a greedy graph returns tokens"),
-        }
-    }
-
-    /// Whether [`Model::forward_greedy`] saves time: the output layer runs on a GPU.
+    /// Whether greedy steps ([`Model::forward_step`] with `greedy`) save time: the
+    /// output layer runs on a GPU.
     /// (On the CPU the logits are already in host memory, and ggml's CPU argmax
     /// runs on one thread.)
     pub fn greedy_on_device(&self) -> bool {
         self.device.kind() != DeviceKind::Cpu && self.offload.is_full(self.hp.n_layer)
     }
 
-    fn step(
+    /// Like [`Model::forward`]; with `greedy`, returns each output row's
+    /// highest-scoring token instead, picked on the device: a GPU then sends back
+    /// one id per row instead of a vocabulary of logits (33 MB per step for 64 rows
+    /// of a 128K vocabulary). Exact ties go to whichever id the device's kernel
+    /// keeps, and a row whose logits are all NaN or -inf gives token 0. Worth it
+    /// only where [`Model::greedy_on_device`] says so.
+    pub fn forward_step(
         self: &Arc<Self>,
         exec: &mut Executor,
         kv: &Arc<KvStore>,
         batch: &StepBatch,
         greedy: bool,
-    ) -> Result<StepOut, ModelError> {
+    ) -> Result<StepOutput, ModelError> {
         self.check(batch, kv)?;
         let cpu = self.device.kind() == DeviceKind::Cpu;
         let ops = attn::plan(batch, kv.n_cells(), cpu);
@@ -647,7 +636,7 @@ impl Model {
         step: &StepGraph,
         batch: &StepBatch,
         ops: &[attn::AttnOp<'_>],
-    ) -> Result<StepOut, ModelError> {
+    ) -> Result<StepOutput, ModelError> {
         let (g, ins) = (&step.graph, &step.ins);
         let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
         g.tensor(ins.tokens).write(&toks)?;
@@ -690,18 +679,21 @@ impl Model {
             let mut ids = vec![0i32; n_out];
             g.tensor(ins.out).read_i32(&mut ids)?;
             // -1: nothing above -f32::MAX (the host sampler's argmax gives 0 then).
-            return Ok(StepOut::Tokens(
+            return Ok(StepOutput::Tokens(
                 ids.into_iter().map(|t| t.max(0) as u32).collect(),
             ));
         }
         let mut out = vec![0f32; n_out * self.hp.n_vocab];
         g.tensor(ins.out).read_f32(0, &mut out)?;
-        Ok(StepOut::Logits(out))
+        Ok(StepOutput::Logits(out))
     }
 }
 
-/// What a step graph returns.
-enum StepOut {
+/// What a step returns for its output rows, in output-row order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutput {
+    /// `output_rows.len() * n_vocab` logits.
     Logits(Vec<f32>),
+    /// Each row's highest-scoring token, picked on the device (a greedy step).
     Tokens(Vec<u32>),
 }

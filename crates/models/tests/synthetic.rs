@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use tempo9_ggml::Device;
 use tempo9_gguf::GgufFile;
-use tempo9_models::{CellRun, LoadOptions, MaskBuilder, Model, ModelError, SeqSpan, StepBatch};
+use tempo9_models::{
+    CellRun, LoadOptions, MaskBuilder, Model, ModelError, SeqSpan, StepBatch, StepOutput,
+};
 
 const E: usize = 64;
 const LAYERS: usize = 2;
@@ -241,7 +243,7 @@ fn steps_of_one_shape_reuse_the_graph() {
     assert_eq!(forward(&[a]), (fresh(&[a]), 1));
 }
 
-/// `forward_greedy` returns each output row's top logit, as the logits graph
+/// A greedy `forward_step` returns each output row's top logit, as the logits graph
 /// computes it, and its graph is kept apart from the logits graph of the same step.
 #[test]
 fn greedy_step_picks_each_rows_top_logit() {
@@ -261,15 +263,16 @@ fn greedy_step_picks_each_rows_top_logit() {
             l.iter().position(|&x| x == best).unwrap() as u32
         })
         .collect();
+    let top = StepOutput::Tokens(top);
     let built = exec.graphs_built();
-    assert_eq!(model.forward_greedy(&mut exec, &kv, &b).unwrap(), top);
+    assert_eq!(model.forward_step(&mut exec, &kv, &b, true).unwrap(), top);
     assert_eq!(
         exec.graphs_built(),
         built + 1,
         "greedy steps need their own graph"
     );
     // The kept greedy graph, then back to logits: the same numbers again.
-    assert_eq!(model.forward_greedy(&mut exec, &kv, &b).unwrap(), top);
+    assert_eq!(model.forward_step(&mut exec, &kv, &b, true).unwrap(), top);
     assert_eq!(exec.graphs_built(), built + 1);
     assert_eq!(model.forward(&mut exec, &kv, &b).unwrap(), logits);
     assert!(!model.greedy_on_device(), "the CPU samples on the host");
