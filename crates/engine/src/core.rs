@@ -786,19 +786,30 @@ impl EngineCore {
     }
 
     /// Sends the final event and releases the request's pages (its committed full
-    /// pages stay in the prefix cache). Text still held back is dropped: the
-    /// request ends without a token of its own (cancelled, failed or out of memory).
+    /// pages stay in the prefix cache, and so does the page where its prompt's exact
+    /// cells end, as a copy source for the next turn: see [`crate::partial_page`]).
+    /// Text still held back is dropped: the request ends without a token of its own
+    /// (cancelled, failed or out of memory).
     fn end(&mut self, s: Live, reason: FinishReason) {
         if self.pool.contains(s.id) {
             let ps = self.pool.page_size();
-            if let Some((j, exact)) = partial_page::exact_tail(s.exact_cells, ps) {
-                let table = self.pool.page_table(s.id).expect("allocated");
-                if let Some(&page) = table.get(j) {
+            // The exact cells are in this admission's pages once its prompt is computed
+            // (a resumed request recomputes them); a failed step's KV is not trusted.
+            let written = s.n_computed >= s.n_prompt && !matches!(reason, FinishReason::Error(_));
+            let tail = partial_page::exact_tail(s.exact_cells, ps).filter(|_| written);
+            let page = tail.and_then(|(j, _)| self.pool.page_table(s.id)?.get(j).copied());
+            match (tail, page) {
+                (Some((j, exact)), Some(page)) => {
+                    let tokens = &s.tokens[j * ps..j * ps + exact];
+                    // A page the answer filled is already cached as a whole page.
+                    self.pool
+                        .free_keeping_tail(s.id, j, tokens)
+                        .expect("allocated");
                     let tiled = partial_page::tiled(s.n_prompt);
                     self.copy_sources.remember(&self.pool, page, exact, tiled);
                 }
+                _ => self.pool.free(s.id).expect("allocated"),
             }
-            self.pool.free(s.id).expect("allocated");
         }
         let _ = s.tx.send(Event::Finished(Finish {
             reason,

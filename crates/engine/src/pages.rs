@@ -34,6 +34,12 @@
 //!   parent page id will be reused for other content, so they could never match
 //!   again. Unreferenced descendants go to the free list; referenced ones (possible
 //!   only below a duplicated page) stay in use as private pages of their holders.
+//! - A finished sequence may keep the page where its prompt's exact cells end as a
+//!   *partial* entry ([`PagePool::free_keeping_tail`]): keyed by its first cells'
+//!   tokens under the page before it, never matched by a lookup (those look for whole
+//!   pages), a leaf, unreferenced, evicted like any cached page and never reported to
+//!   a second tier. Its cells are read only by copying them into another sequence's
+//!   page, so the next turn of a chat need not recompute the previous prompt's tail.
 //! - Pages are not cleared: a cell's KV is meaningful only once its token was written
 //!   through [`PagePool::append_slots`].
 //! - With [`PagePool::set_eviction_log`] on, every evicted unreferenced page is
@@ -365,7 +371,9 @@ impl Store {
                 self.lru_remove(p);
                 self.free_push(p);
                 self.evicted += 1;
-                if let Some(log) = self.evicted_log.as_mut() {
+                // A partial entry has no name in another tier: it is only dropped.
+                let whole = entry.tokens.len() == self.page_size;
+                if let Some(log) = self.evicted_log.as_mut().filter(|_| whole) {
                     log.push(EvictedPage {
                         page: p,
                         hash: entry.hash,
@@ -579,8 +587,8 @@ impl PagePool {
             .unwrap_or_default()
     }
 
-    /// Every registered page (in use or cached) with its full cache key, parents
-    /// before children; used to write the RAM cache to a persistent tier on shutdown.
+    /// Every registered whole page (in use or cached) with its full cache key, parents
+    /// before children (partial entries are left out); used to write the RAM cache to a persistent tier on shutdown.
     pub fn registered_pages(&self) -> Vec<EvictedPage> {
         let st = &self.store;
         let mut out = Vec::with_capacity(st.n_registered);
@@ -593,6 +601,9 @@ impl PagePool {
             .collect();
         while let Some((p, parent_hash)) = stack.pop() {
             let e = st.entry(p);
+            if e.tokens.len() < st.page_size {
+                continue; // a partial entry (a leaf): RAM only
+            }
             out.push(EvictedPage {
                 page: p,
                 hash: e.hash,
@@ -909,6 +920,51 @@ impl PagePool {
         Ok(added)
     }
 
+    /// Ends `seq` like [`PagePool::free`], but first keeps its page at `page_index`,
+    /// whose first `tail.len()` cells hold the KV of `tail` (fewer than a page of
+    /// tokens), as a partial cache entry under the page before it. Lookups never match
+    /// a partial entry (they look for whole pages), so it is only read by copying
+    /// cells out of it (see [`crate::partial_page`]); it stays cached and evictable
+    /// like any unreferenced page, and leaves with its parent. Returns the kept page,
+    /// or `None` when it cannot be kept: not the sequence's first unfinished page,
+    /// `tail` empty, a whole page or beyond the written cells, the sequence's chain
+    /// broken, or an equal entry already cached.
+    pub fn free_keeping_tail(
+        &mut self,
+        seq: SeqId,
+        page_index: usize,
+        tail: &[TokenId],
+    ) -> Result<Option<PageId>, PageError> {
+        let s = self.seqs.get(&seq).ok_or(PageError::UnknownSeq(seq))?;
+        let st = &mut self.store;
+        let ps = st.page_size;
+        let fits = page_index == s.n_final
+            && page_index < s.pages.len()
+            && !tail.is_empty()
+            && tail.len() < ps
+            && page_index * ps + tail.len() <= s.n_tokens;
+        let parent = match s.chain {
+            _ if !fits => None,
+            Chain::Root => Some((None, ROOT_HASH)),
+            Chain::Node { page, epoch, hash } if st.page(page).epoch == epoch => {
+                Some((Some(page), hash))
+            }
+            Chain::Node { .. } | Chain::Broken => None,
+        };
+        let mut kept = None;
+        if let Some((parent, parent_hash)) = parent {
+            let p = s.pages[page_index];
+            let hash = (st.hasher)(parent_hash, s.salt, tail);
+            let private = st.page(p).refs == 1 && st.page(p).entry.is_none();
+            if private && st.find(hash, parent, s.salt, tail).is_none() {
+                st.register(p, hash, parent, s.salt, tail);
+                kept = Some(p);
+            }
+        }
+        self.free(seq)?;
+        Ok(kept)
+    }
+
     /// Ends `seq` (finished, cancelled or preempted): drops its references. Pages left
     /// unreferenced stay cached (evictable) if registered and are freed otherwise. The
     /// table is released deepest page first so, among equally old pages, the cache
@@ -1039,10 +1095,13 @@ impl PagePool {
         for (p, pg) in st.pages.iter().enumerate() {
             let Some(e) = &pg.entry else { continue };
             n_registered += 1;
+            let partial = !e.tokens.is_empty() && e.tokens.len() < ps;
             ensure!(
-                e.tokens.len() == ps,
-                "page {p}: entry of {} tokens",
-                e.tokens.len()
+                e.tokens.len() == ps || (partial && e.children.is_empty() && pg.refs == 0),
+                "page {p}: entry of {} tokens ({} children, {} refs)",
+                e.tokens.len(),
+                e.children.len(),
+                pg.refs
             );
             let parent_hash = match e.parent {
                 None => ROOT_HASH,
@@ -1418,6 +1477,52 @@ mod tests {
         pool.free(3).unwrap();
         let s = pool.stats();
         assert_eq!((s.in_use, s.cached, s.free), (0, 0, 7));
+        ok(&pool);
+    }
+
+    #[test]
+    fn a_kept_tail_is_a_cached_leaf_that_lookups_never_match() {
+        let mut pool = PagePool::new(4, 4);
+        pool.set_eviction_log(true);
+        let prompt = [1, 2, 3, 4, 5, 6];
+        prefill(&mut pool, 1, &prompt, 0);
+        let t1 = pool.page_table(1).unwrap().to_vec();
+        // Not the first unfinished page, too long, or empty: freed as usual.
+        prefill(&mut pool, 9, &[7, 7, 7, 7, 7], 0);
+        assert_eq!(pool.free_keeping_tail(9, 0, &[7, 7]), Ok(None));
+        prefill(&mut pool, 8, &[8, 8, 8], 0);
+        assert_eq!(pool.free_keeping_tail(8, 0, &[8, 8, 8, 8]), Ok(None));
+        assert_eq!(
+            pool.stats().registered,
+            2,
+            "seq 1's and seq 9's whole pages"
+        );
+        ok(&pool);
+        assert_eq!(pool.free_keeping_tail(1, 1, &[5, 6]), Ok(Some(t1[1])));
+        ok(&pool);
+        assert_eq!(pool.registration(t1[1]).map(|r| r.1), Some(&[5, 6][..]));
+        assert_eq!(pool.registered_parent(t1[1]), Some(Some(t1[0])));
+        assert_eq!(pool.stats().cached, 3);
+        // The same prompt continued: the whole page is a hit, the partial entry is not.
+        let m = pool.lookup_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 0);
+        assert_eq!(m.pages, [t1[0]]);
+        assert_eq!(
+            pool.registered_pages().len(),
+            2,
+            "partial entries stay in RAM"
+        );
+        // An equal tail is kept once.
+        prefill(&mut pool, 2, &prompt, 0);
+        assert_eq!(pool.free_keeping_tail(2, 1, &[5, 6]), Ok(None));
+        ok(&pool);
+        // Memory pressure evicts it like any cached page (its parent first takes it
+        // along), and the eviction log does not report it.
+        let kept = pool.registration(t1[1]).unwrap().0;
+        pool.take_evicted();
+        prefill(&mut pool, 3, &seq_tokens(100, 16), 0);
+        assert_ne!(pool.registration(t1[1]).unwrap().0, kept, "reused by seq 3");
+        assert!(pool.take_evicted().iter().all(|e| e.tokens.len() == 4));
+        pool.free(3).unwrap();
         ok(&pool);
     }
 

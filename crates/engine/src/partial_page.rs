@@ -22,8 +22,10 @@
 //!
 //! Sources are the pages where a prompt's exact cells end (not on a page boundary):
 //! of running requests once their prompt is computed, and of finished ones while the
-//! page stays registered in the prefix cache (a registered page is never written;
-//! a page the answer filled gets registered). A source fits a new prompt only under
+//! page stays registered in the prefix cache (a registered page is never written). A
+//! page the answer filled is registered as a whole page; one it left partial is kept
+//! as a partial entry ([`PagePool::free_keeping_tail`]), so short answers (a tool
+//! call) also spare the next turn the tail. A source fits a new prompt only under
 //! the same cached page (or both at the start), so everything before it is the same.
 
 use std::collections::VecDeque;

@@ -138,8 +138,9 @@ fn same_tokens_alone_batched_warm_and_preempted() {
 
     // Warm prefix cache: prompt pages are served from the cache (every whole page
     // that leaves 16 tokens or more to compute), then the 16-token blocks the first
-    // run computed exactly in the next page are copied (its answer filled that page,
-    // so it stayed cached), and the outputs are identical.
+    // run computed exactly in the next page are copied (that page stayed cached: as
+    // a whole page if the answer filled it, else as a partial entry), and the outputs
+    // are identical.
     let warm = run_batch(
         &mut shared,
         ps.iter().map(|p| greedy(p.clone(), N_GEN)).collect(),
@@ -152,9 +153,7 @@ fn same_tokens_alone_batched_warm_and_preempted() {
             let pages = n.saturating_sub(16) / 64 * 64;
             let exact = n / 16 * 16;
             let keep = if n >= 64 { 16 } else { 1 };
-            // Its KV holds the prompt and all but the last generated token.
-            let filled = n + N_GEN > pages + 64;
-            let copy = if exact > pages && exact < pages + 64 && filled {
+            let copy = if exact > pages && exact < pages + 64 {
                 (exact - pages).min(n - pages - keep) / 16 * 16
             } else {
                 0
@@ -721,6 +720,23 @@ fn continued_prompts_copy_the_partial_page_exactly() {
             same_as_alone(file, name, o, &alone(p));
         }
         assert_eq!(eng.stats().kv_pages_used, 0);
+        // 100 tokens: exact cells end 32 cells into the second page, and the 16
+        // answer tokens leave it partial. It is kept as a partial cache entry, so the
+        // next turn still copies those cells.
+        let mut eng = core(&model, &tok, 64 << 20);
+        let fifth = &text[..100];
+        let out_fifth = run_batch(&mut eng, vec![probe(fifth)]).remove(0);
+        assert!(out_fifth.tokens.len() <= 16);
+        let sixth = next(fifth);
+        let out_sixth = run_batch(&mut eng, vec![probe(&sixth)]).remove(0);
+        assert_eq!(
+            out_sixth.finish.usage.cached_tokens, 96,
+            "{file}: copy from a kept partial page"
+        );
+        eng.check_invariants().expect("invariants");
+        assert_eq!(eng.stats().kv_pages_used, 0);
+        same_as_alone(file, "fifth", &out_fifth, &alone(fifth));
+        same_as_alone(file, "sixth", &out_sixth, &alone(&sixth));
     }
 }
 
