@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Per-step GPU kernel time from an Nsight Compute CSV (run-h200.sh's `ncu` step).
 
-    python3 scripts/gpu/ncu-steps.py ncu-tempo9.csv [ncu-llama.csv ...]
+    python3 scripts/gpu/ncu-steps.py [--json] ncu-tempo9.csv [ncu-llama.csv ...]
+    python3 scripts/gpu/ncu-steps.py --by-step ncu64-tempo9.csv
 
 Takes the kernels in launch order, finds the decode step as the shortest period P
 with which the last 2P kernel names repeat, and prints for the last step: kernels,
 summed kernel time (no launch gaps), DRAM bytes read+written and their rate, and a
 table per kernel name. With --json prints the same as one JSON object per file.
+With --by-step: Tempo9's greedy steps end in an argmax kernel; prints every whole
+step between two of them (rows from the rms_norm grid, kernel time per name).
 """
 import csv
 import json
@@ -72,7 +75,29 @@ def summarize(path):
     }
 
 
+def by_step(path):
+    ks = load(path)
+    ends = [i for i, k in enumerate(ks) if k["name"].startswith("argmax")]
+    print(f"== {path}: {len(ks)} kernels, {max(len(ends) - 1, 0)} whole steps")
+    for a, b in zip(ends, ends[1:]):
+        step = ks[a + 1:b + 1]
+        by = OrderedDict()
+        for k in step:
+            g = by.setdefault(k["name"], [0, 0.0])
+            g[0] += 1
+            g[1] += k.get("gpu__time_duration.sum", 0)
+        rows = sorted({k["grid"] for k in step if k["name"].startswith("rms_norm")})
+        total = sum(g[1] for g in by.values())
+        print(f"-- step: {len(step)} kernels, kernel time {total / 1e3:.0f} us, rms_norm grids {rows}")
+        for n, (c, ns) in sorted(by.items(), key=lambda x: -x[1][1]):
+            print(f"{ns / 1e3:9.1f} us {c:5d} {100 * ns / total:5.1f} %  {n[:80]}")
+
+
 def main():
+    if "--by-step" in sys.argv:
+        for path in [a for a in sys.argv[1:] if a != "--by-step"]:
+            by_step(path)
+        return
     args = [a for a in sys.argv[1:] if a != "--json"]
     for path in args:
         s = summarize(path)

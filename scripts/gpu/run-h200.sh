@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu depth prefix offload pack
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix offload pack
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -16,6 +16,10 @@
 #           by `build`) and runs pp512/tg128 -fa 1 on the 8B file, PDL default and off
 #   ncu     per-kernel GPU time and DRAM bytes of a few 8B decode steps (Nsight Compute),
 #           Tempo9 and llama-bench; analyse with scripts/gpu/ncu-steps.py
+#   steps64 the engine's step log at 64 streams: median plan / assemble / forward / sample
+#           ms of the steady decode steps (scripts/gpu/step-log.py)
+#   ncu64   per-kernel GPU time of whole steps of a 64-stream run (Nsight Compute,
+#           ncu-steps.py --by-step)
 #   depth   decode at a 10K-token context, Tempo9 and llama-bench (-d 10240)
 #   prefix  prefix hit at a 10K-token shared prefix (bench --streams 1,8 --shared-prefix 10240)
 #   offload partial offload (--gpu-layers): greedy tokens vs CPU and vs the whole
@@ -132,12 +136,36 @@ if has llamabench; then
     fi
 fi
 
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+nc() { timeout 240 "$NCU" --clock-control none --metrics $metrics --csv --print-units base \
+    --print-kernel-base function --log-file "$1" "${@:2}" >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"; }
+
+if has steps64; then
+    say steps64
+    # Where a steady 64-stream decode step's time goes: the engine's step log splits
+    # plan / assemble / forward (graph compute incl. GPU wait) / sample.
+    TEMPO9_LOG=info,tempo9_engine=debug $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda \
+        --streams 64 --stream-prompt 128 --tg 64 2>"$work/steps64.log" \
+        | sed 's/^{/{"variant":"steps64",/' | tee -a "$out/results.jsonl"
+    python3 "$root/scripts/gpu/step-log.py" "$work/steps64.log" 64 | tee "$out/steps64.txt"
+fi
+
+if has ncu64; then
+    say ncu64
+    # Kernels of whole steps of a 64-stream run (128-token prompts, then decoding),
+    # GPU time only (one replay pass), a window of launches past the first steps. Under
+    # the profiler steps are slow, so the ITL target shrinks prompt chunks: the window
+    # holds mixed steps of ~100-140 rows (prompt chunks plus decode rows).
+    timeout 400 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        --print-kernel-base function --launch-skip 9000 --launch-count 3500 \
+        --log-file "$out/ncu64-tempo9.csv" $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda \
+        --streams 64 --stream-prompt 128 --tg 4 >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"
+    python3 "$root/scripts/gpu/ncu-steps.py" --by-step "$out/ncu64-tempo9.csv" | tee "$out/ncu64.txt"
+fi
+
 if has ncu; then
     say ncu
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
-    nc() { timeout 150 "$NCU" --clock-control none --metrics $metrics --csv --print-units base \
-        --print-kernel-base function --log-file "$1" "${@:2}" >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"; }
     # 2 warm-up steps (3-token prompt, 1 decode), then 1 + 3 single-token steps.
     nc "$out/ncu-tempo9.csv" $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --pp 0 --tg 4 --reps 1
     [ -x /tmp/llama-build/bin/llama-bench ] && nc "$out/ncu-llama.csv" \
