@@ -588,7 +588,8 @@ impl PagePool {
     }
 
     /// Every registered whole page (in use or cached) with its full cache key, parents
-    /// before children (partial entries are left out); used to write the RAM cache to a persistent tier on shutdown.
+    /// before children (partial entries are left out); used to write the RAM cache to
+    /// a persistent tier on shutdown.
     pub fn registered_pages(&self) -> Vec<EvictedPage> {
         let st = &self.store;
         let mut out = Vec::with_capacity(st.n_registered);
