@@ -137,9 +137,6 @@ if has llamabench; then
 fi
 
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
-nc() { timeout 240 "$NCU" --clock-control none --metrics $metrics --csv --print-units base \
-    --print-kernel-base function --log-file "$1" "${@:2}" >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"; }
 
 if has steps64; then
     say steps64
@@ -166,6 +163,9 @@ fi
 
 if has ncu; then
     say ncu
+    metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+    nc() { timeout 150 "$NCU" --clock-control none --metrics $metrics --csv --print-units base \
+        --print-kernel-base function --log-file "$1" "${@:2}" >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"; }
     # 2 warm-up steps (3-token prompt, 1 decode), then 1 + 3 single-token steps.
     nc "$out/ncu-tempo9.csv" $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --pp 0 --tg 4 --reps 1
     [ -x /tmp/llama-build/bin/llama-bench ] && nc "$out/ncu-llama.csv" \

@@ -639,9 +639,10 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
 
 /// A prompt that continues an earlier one (the next turn: the earlier prompt, then
 /// new tokens) copies the earlier prompt's exact cells in its last, partial page
-/// (after the cached whole pages), from the finished request's page (registered once
-/// its answer filled it) or from a running request's page; the numbers are those of
-/// the prompt alone, bit for bit, on all three models.
+/// (after the cached whole pages), from the finished request's page (a whole cached
+/// page once its answer filled it, else kept as a partial entry) or from a running
+/// request's page; the numbers are those of the prompt alone, bit for bit, on all
+/// three models.
 #[test]
 fn continued_prompts_copy_the_partial_page_exactly() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
