@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix offload pack
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix offload stash real pack
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -30,6 +30,13 @@
 #           at a third: ~3.4K "suite tokens" are ~10K tokens of this model, as the
 #           server-reported prompt tokens in the results show). Tempo9 only: the
 #           vendored llama.cpp source has no llama-server to build here
+#   stash   keeps the carried .gpu-model/N part (scripts/gpu/stage-model.sh) in /dev/shm,
+#           for a later call's `real`
+#   real    reassembles the staged real GGUF (all parts stashed; sha256 checked), then
+#           greedy parity GPU vs CPU on it (chat prompts through its template, and random
+#           ids; alone and batched) and its decode speed; with .llama-src carried, also
+#           llama.cpp's own CPU and CUDA generations of the same prompts
+#           (scripts/gpu/llama-greedy.cpp), compared by scripts/gpu/greedy-compare.py
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -55,7 +62,7 @@ if has build; then
     fi
 fi
 
-if has llamabench && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has real; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -217,6 +224,61 @@ if has suite; then
     note="H200, synthetic Llama-3.1-8B-shape Q4_K (random weights), Tempo9 on ggml's CUDA backend"
     $S agents-10k --variant-tokens 3400 --rounds 2 --timeout-s 240 --note "$note" 2>&1 | tail -25
     $S prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --note "$note" 2>&1 | tail -15
+fi
+
+if has stash; then
+    say stash
+    mkdir -p "$work/model-parts"
+    for d in "$root"/.gpu-model/*/; do
+        [ -f "$d/MANIFEST" ] || continue
+        cp "$d"/part* "$d/MANIFEST" "$work/model-parts/"
+    done
+    ls -la "$work/model-parts"
+fi
+
+if has real; then
+    say real
+    read -r name sum n <"$work/model-parts/MANIFEST" || { echo "no stashed model"; exit 1; }
+    have=$(ls "$work"/model-parts/part* | wc -l)
+    [ "$have" = "$n" ] || { echo "stashed $have of $n parts"; exit 1; }
+    real="$work/$name"
+    [ -f "$real" ] || cat "$work"/model-parts/part* | xz -dc >"$real"
+    echo "$sum  $real" | sha256sum -c - || exit 1
+    cmp="python3 $root/scripts/gpu/greedy-compare.py"
+    # llama.cpp's own CPU-vs-CUDA differences on the same prompts, as the yardstick
+    # (carry .llama-src: libllama is built in the background by `build`).
+    lg=""
+    if [ "${llama_rc:-1}" = 0 ]; then
+        lb=/tmp/llama-build
+        g++ -O2 -std=c++17 -I"$root/.llama-src/include" -I"$root/.llama-src/ggml/include" \
+            "$root/scripts/gpu/llama-greedy.cpp" -L"$lb/bin" -lllama -lggml -lggml-base \
+            -Wl,-rpath,"$lb/bin" -o "$lb/bin/llama-greedy" && lg="$lb/bin/llama-greedy"
+    fi
+    raw="$work/real-raw"
+    mkdir -p "$raw"
+    for kind in chat random; do
+        flag=$([ $kind = chat ] && echo --chat)
+        $T check-device --gguf "$real" --device cuda --prompts 8 --tokens 64 $flag \
+            --dump "$raw/$kind.tempo9.json" 2>>"$out/run.log" | tee -a "$out/results.jsonl"
+        [ -n "$lg" ] || continue
+        $cmp prompts "$raw/$kind.tempo9.json" >"$raw/$kind.prompts.txt"
+        CUDA_VISIBLE_DEVICES= $lg "$real" "$raw/$kind.prompts.txt" 64 0 \
+            >"$raw/$kind.llama-cpu.jsonl" 2>>"$work/llama-greedy.log"
+        $lg "$real" "$raw/$kind.prompts.txt" 64 99 \
+            >"$raw/$kind.llama-cuda.jsonl" 2>>"$work/llama-greedy.log"
+        $lg "$real" "$raw/$kind.prompts.txt" 64 99 batched \
+            >"$raw/$kind.llama-cuda-batched.jsonl" 2>>"$work/llama-greedy.log"
+        $cmp compare "$raw/$kind.tempo9.json" llama_cpu="$raw/$kind.llama-cpu.jsonl" \
+            llama_cuda="$raw/$kind.llama-cuda.jsonl" \
+            llama_cuda_batched="$raw/$kind.llama-cuda-batched.jsonl" \
+            | sed "s/^{/{\"prompts\":\"$kind\",/" | tee -a "$out/real-compare.jsonl"
+    done
+    tar -C "$work" -czf "$out/real-raw.tar.gz" real-raw
+    grep -m3 -i "CUDA0\|error" "$work/llama-greedy.log"
+    $T bench --gguf "$real" --device cuda --pp 512 --tg 128 --reps 3 \
+        2>>"$out/run.log" | tee -a "$out/results.jsonl"
+    $T bench --gguf "$real" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 \
+        2>>"$out/run.log" | tee -a "$out/results.jsonl"
 fi
 
 if has pack; then

@@ -18,7 +18,7 @@ use tempo9_engine::{EngineCore, Event, FinishReason, Request, SamplingParams};
 use tempo9_ggml::{Device, DeviceKind};
 use tempo9_models::weights::Offload;
 use tempo9_models::{LoadOptions, Model};
-use tempo9_tokenizer::Tokenizer;
+use tempo9_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::ModelArgs;
 
@@ -27,9 +27,21 @@ use crate::ModelArgs;
 pub struct CheckArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Number of prompts (random token ids, 4 to 40 tokens long).
+    /// Number of prompts (random token ids, 4 to 40 tokens long; with `--chat`,
+    /// the built-in questions in turn).
     #[arg(long, value_name = "N", default_value_t = 8)]
     prompts: usize,
+    /// Prompts are built-in user questions rendered through the model's chat
+    /// template instead of random token ids. Random ids suit synthetic weights; a
+    /// real model answering real questions is confident at most steps, which is
+    /// the parity that matters in use.
+    #[arg(long)]
+    chat: bool,
+    /// Also write the prompts' token ids and every generation (tokens and top-two
+    /// log-probabilities per step) to this JSON file, to compare with another
+    /// engine's (scripts/gpu/greedy-compare.py).
+    #[arg(long, value_name = "FILE")]
+    dump: Option<std::path::PathBuf>,
     /// Tokens generated per prompt.
     #[arg(long, value_name = "N", default_value_t = 32)]
     tokens: usize,
@@ -146,12 +158,8 @@ fn compare(want: &[GenOutput], got: &[GenOutput], tie: f32) -> Value {
     })
 }
 
-/// Runs `tempo9 check-device` and prints one JSON object.
-pub fn run(a: CheckArgs) -> Result<()> {
-    let dev = crate::load_model(&a.model.gguf, &a.model.device)?;
-    let cpu = Arc::new(Model::load(&a.model.gguf, LoadOptions::new(Device::cpu()))?);
-    let tok = Arc::new(Tokenizer::from_gguf(cpu.gguf())?);
-    let n_vocab = cpu.hparams().n_vocab as u64;
+/// `n` prompts of 4 to 40 random token ids (a fixed sequence).
+fn random_prompts(n_vocab: u64, n: usize) -> Vec<Vec<u32>> {
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut next = || {
         x ^= x << 13;
@@ -159,12 +167,51 @@ pub fn run(a: CheckArgs) -> Result<()> {
         x ^= x << 17;
         x
     };
-    let prompts: Vec<Vec<u32>> = (0..a.prompts)
+    (0..n)
         .map(|_| {
             let len = 4 + (next() % 37) as usize;
             (0..len).map(|_| (next() % n_vocab) as u32).collect()
         })
-        .collect();
+        .collect()
+}
+
+/// Questions of the kinds agents and chat users ask (code, facts, prose).
+const QUESTIONS: [&str; 8] = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is the capital of France, and what is it famous for?",
+    "Explain in two sentences what a hash map is.",
+    "List three differences between TCP and UDP.",
+    "Write a haiku about the sea.",
+    "How do I reverse a string in Rust?",
+    "Summarize the plot of Romeo and Juliet.",
+    "What does the HTTP status code 404 mean?",
+];
+
+/// `n` chat prompts: [`QUESTIONS`] in turn, each as one user message through the
+/// model's chat template with the generation prompt.
+fn chat_prompts(model: &Model, tok: &Tokenizer, n: usize) -> Result<Vec<Vec<u32>>> {
+    let template = ChatTemplate::for_model(model.gguf(), tok)?;
+    QUESTIONS
+        .iter()
+        .cycle()
+        .take(n)
+        .map(|q| {
+            let msg = json!({"role": "user", "content": q});
+            let text = template.render(&[msg], None, true)?;
+            Ok(tok.encode(&text, true, true))
+        })
+        .collect()
+}
+
+/// Runs `tempo9 check-device` and prints one JSON object.
+pub fn run(a: CheckArgs) -> Result<()> {
+    let dev = crate::load_model(&a.model.gguf, &a.model.device)?;
+    let cpu = Arc::new(Model::load(&a.model.gguf, LoadOptions::new(Device::cpu()))?);
+    let tok = Arc::new(Tokenizer::from_gguf(cpu.gguf())?);
+    let prompts = match a.chat {
+        true => chat_prompts(&cpu, &tok, a.prompts)?,
+        false => random_prompts(cpu.hparams().n_vocab as u64, a.prompts),
+    };
     let cpu_alone = generate(&cpu, &tok, &a, &prompts, false)?;
     let dev_alone = generate(&dev, &tok, &a, &prompts, false)?;
     let dev_batch = generate(&dev, &tok, &a, &prompts, true)?;
@@ -186,12 +233,27 @@ pub fn run(a: CheckArgs) -> Result<()> {
         "model": a.model.gguf.file_name().map(|n| n.to_string_lossy().into_owned()),
         "device": dev.device().description(),
         "prompts": a.prompts,
+        "prompt_kind": if a.chat { "chat" } else { "random-ids" },
         "tokens": a.tokens,
         "tie_nats": a.tie,
         "device_alone_vs_cpu_alone": compare(&cpu_alone, &dev_alone, a.tie),
         "device_batched_vs_device_alone": compare(&dev_alone, &dev_batch, a.tie),
         "device_batched_vs_cpu_alone": compare(&cpu_alone, &dev_batch, a.tie),
     });
+    if let Some(path) = &a.dump {
+        let gens = |g: &[GenOutput]| -> Value {
+            g.iter()
+                .map(|o| json!({"tokens": o.tokens, "top": o.top_logprobs}))
+                .collect()
+        };
+        let dump = json!({
+            "prompts": prompts,
+            "tempo9_cpu_alone": gens(&cpu_alone),
+            "tempo9_device_alone": gens(&dev_alone),
+            "tempo9_device_batched": gens(&dev_batch),
+        });
+        std::fs::write(path, dump.to_string())?;
+    }
     if partial {
         out["gpu_layers"] = json!(a.model.device.gpu_layers);
         out["n_layer"] = json!(dev.hparams().n_layer);
