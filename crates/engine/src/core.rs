@@ -25,7 +25,7 @@ use tempo9_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::pages::{PagePool, PrefixMatch, ROOT_HASH};
-use crate::partial_page::{self, FinishedSources, Source, Want, ROW_GROUP};
+use crate::partial_page::{self, Source, Want, COPY_CANDIDATES, ROW_GROUP};
 use crate::request::{
     Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenEvent, TokenMask, Usage,
 };
@@ -437,8 +437,6 @@ pub struct EngineCore {
     /// Compute-buffer size last logged (the buffers only grow; logged again when a
     /// quarter larger, so small steps of growth do not flood the log).
     compute_bytes_logged: usize,
-    /// Pages where finished prompts' exact cells end, for [`crate::partial_page`].
-    copy_sources: FinishedSources,
     /// When the engine started: the origin of [`Rank::arrived_us`].
     epoch: std::time::Instant,
 }
@@ -504,7 +502,6 @@ impl EngineCore {
             tok,
             exec,
             compute_bytes_logged: 0,
-            copy_sources: FinishedSources::default(),
             kv,
             pool,
             ssd,
@@ -799,14 +796,12 @@ impl EngineCore {
             let tail = partial_page::exact_tail(s.exact_cells, ps).filter(|_| written);
             let page = tail.and_then(|(j, _)| self.pool.page_table(s.id)?.get(j).copied());
             match (tail, page) {
-                (Some((j, exact)), Some(page)) => {
+                (Some((j, exact)), Some(_)) => {
                     let tokens = &s.tokens[j * ps..j * ps + exact];
                     // A page the answer filled is already cached as a whole page.
                     self.pool
                         .free_keeping_tail(s.id, j, tokens)
                         .expect("allocated");
-                    let tiled = partial_page::tiled(s.n_prompt);
-                    self.copy_sources.remember(&self.pool, page, exact, tiled);
                 }
                 _ => self.pool.free(s.id).expect("allocated"),
             }
@@ -1003,9 +998,8 @@ impl EngineCore {
     }
 
     /// Extends a newly admitted prompt's cached prefix `m` inside the next page: copies
-    /// the KV of the longest run of 16-token blocks it shares with the page where
-    /// another prompt's exact cells end, under the same cached page (see
-    /// [`crate::partial_page`]). Leaves a token to compute, and a whole block for a
+    /// the KV of the longest run of 16-token blocks it shares with another prompt's
+    /// page of exact cells under the same cached page (see [`crate::partial_page`]). Leaves a token to compute, and a whole block for a
     /// prompt of a chunk or more (see [`Self::usable_prefix`]).
     fn copy_partial_page(&mut self, s: &mut Live, m: &PrefixMatch) {
         let ps = self.pool.page_size();
@@ -1016,7 +1010,6 @@ impl EngineCore {
         if limit < ROW_GROUP || s.tokens.len() != s.n_prompt || s.n_computed != start {
             return;
         }
-        self.copy_sources.prune(&self.pool);
         let pool = &self.pool;
         // A preempted and resumed request keeps its `exact_cells`, but its pages hold
         // those cells again only once its prompt is recomputed (or re-hit).
@@ -1034,13 +1027,24 @@ impl EngineCore {
                     tokens: &r.tokens[j * ps..j * ps + exact],
                 })
             });
+        let parent = m.pages.last().copied();
         let want = Want {
-            parent: m.pages.last().copied(),
+            parent,
             tiled,
             rest: &s.tokens[start..],
             limit,
         };
-        let sources = running.chain(self.copy_sources.iter(pool));
+        // Registered pages under the same parent: whole pages of earlier prompts that
+        // part from this one inside the page, and finished prompts' kept tails.
+        let cached = pool
+            .copy_candidates(parent, COPY_CANDIDATES)
+            .map(|(page, kind, tokens)| Source {
+                page,
+                parent,
+                tiled: kind == 1,
+                tokens,
+            });
+        let sources = running.chain(cached);
         let Some((page, n)) = partial_page::best_match(want, sources) else {
             return;
         };
@@ -1134,6 +1138,16 @@ impl EngineCore {
                 .allocate(s.id, &s.tokens[..usable], 0)
                 .expect("a waiting request holds no pages");
             debug_assert_eq!(m.n_cached_tokens % CHUNK_ALIGN, 0);
+            if s.usage.preemptions == 0 {
+                // Its prompt is computed in pieces starting at multiples of ROW_GROUP:
+                // the pages it registers are copy sources (see partial_page). A
+                // resumed request's pages are not marked.
+                let kind = partial_page::tiled(s.n_prompt) as u8;
+                let exact = partial_page::exact_cells(s.n_prompt);
+                self.pool
+                    .set_copy_exactness(s.id, exact, kind)
+                    .expect("allocated");
+            }
             let first_admission = !s.admitted_before;
             if !s.admitted_before {
                 s.admitted_before = true;

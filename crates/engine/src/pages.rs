@@ -40,6 +40,12 @@
 //!   pages), a leaf, unreferenced, evicted like any cached page and never reported to
 //!   a second tier. Its cells are read only by copying them into another sequence's
 //!   page, so the next turn of a chat need not recompute the previous prompt's tail.
+//! - Every entry records how many of its leading cells hold KV that another prompt
+//!   may copy bit for bit, and of which kind (an opaque tag from the engine), as set
+//!   for its sequence by [`PagePool::set_copy_exactness`];
+//!   [`PagePool::copy_candidates`] lists a page's registered children (or the first
+//!   pages) with such cells, whole or partial, for prompts that share only part of a
+//!   page (see [`crate::partial_page`]).
 //! - Pages are not cleared: a cell's KV is meaningful only once its token was written
 //!   through [`PagePool::append_slots`].
 //! - With [`PagePool::set_eviction_log`] on, every evicted unreferenced page is
@@ -201,6 +207,10 @@ struct Entry {
     salt: u64,
     tokens: Box<[TokenId]>,
     children: Vec<PageId>,
+    /// Leading cells another prompt may copy (see [`PagePool::set_copy_exactness`]).
+    exact: u16,
+    /// The engine's tag for how they were computed; copies need equal tags.
+    kind: u8,
 }
 
 #[derive(Debug)]
@@ -234,6 +244,8 @@ struct Store {
     free_pos: Vec<PageId>,
     /// Hash -> first page of its bucket; buckets chain through `Page::hash_next`.
     index: HashMap<u64, PageId>,
+    /// Registered first pages (no parent), in registration order but for removals.
+    roots: Vec<PageId>,
     evicted: u64,
     /// Evicted pages not yet taken, when the log is on.
     evicted_log: Option<Vec<EvictedPage>>,
@@ -310,10 +322,14 @@ impl Store {
         parent: Option<PageId>,
         salt: u64,
         tokens: &[TokenId],
+        (exact, kind): (usize, u8),
     ) {
-        if let Some(parent) = parent {
-            let e = self.page_mut(parent).entry.as_mut();
-            e.expect("parent is registered").children.push(p);
+        match parent {
+            Some(parent) => {
+                let e = self.page_mut(parent).entry.as_mut();
+                e.expect("parent is registered").children.push(p);
+            }
+            None => self.roots.push(p),
         }
         let next = self.index.insert(hash, p).unwrap_or(NIL);
         let pg = self.page_mut(p);
@@ -324,6 +340,8 @@ impl Store {
             salt,
             tokens: tokens.into(),
             children: Vec::new(),
+            exact: exact.min(tokens.len()) as u16,
+            kind,
         });
         self.n_registered += 1;
     }
@@ -350,12 +368,15 @@ impl Store {
     /// Drops the cache entries of `root` and all its descendants; unreferenced ones
     /// move from the LRU to the free list.
     fn uncache_subtree(&mut self, root: PageId) {
-        if let Some(parent) = self.entry(root).parent {
-            let e = self.page_mut(parent).entry.as_mut();
-            let children = &mut e.expect("parent is registered").children;
-            let i = children.iter().position(|&c| c == root);
-            children.swap_remove(i.expect("child is linked"));
-        }
+        let siblings = match self.entry(root).parent {
+            Some(parent) => {
+                let e = self.page_mut(parent).entry.as_mut();
+                &mut e.expect("parent is registered").children
+            }
+            None => &mut self.roots,
+        };
+        let i = siblings.iter().position(|&c| c == root);
+        siblings.remove(i.expect("child is linked"));
         let root_parent_hash = self
             .entry(root)
             .parent
@@ -510,6 +531,9 @@ struct Seq {
     n_final: usize,
     salt: u64,
     chain: Chain,
+    /// Leading cells whose KV another prompt may copy, and their kind (see
+    /// [`PagePool::set_copy_exactness`]); recorded in the entries it registers.
+    exact: (usize, u8),
 }
 
 /// KV page allocator with a global, ref-counted prefix cache. See the module docs.
@@ -561,6 +585,7 @@ impl PagePool {
                 n_cached: 0,
                 n_registered: 0,
                 index: HashMap::new(),
+                roots: Vec::new(),
                 evicted: 0,
                 evicted_log: None,
             },
@@ -733,6 +758,40 @@ impl PagePool {
         self.store.page(page).entry.as_ref().map(|e| e.parent)
     }
 
+    /// Records that the first `cells` cells of `seq` (from its first token) hold KV
+    /// that any prompt with the same tokens computes bit for bit, given the same
+    /// `kind`; the pages `seq` registers from now on (whole, or kept partial) carry
+    /// their share of it, for [`PagePool::copy_candidates`]. Default: none.
+    pub fn set_copy_exactness(
+        &mut self,
+        seq: SeqId,
+        cells: usize,
+        kind: u8,
+    ) -> Result<(), PageError> {
+        let s = self.seqs.get_mut(&seq).ok_or(PageError::UnknownSeq(seq))?;
+        s.exact = (cells, kind);
+        Ok(())
+    }
+
+    /// Registered pages under `parent` (`None`: first pages), newest first, at most
+    /// `max`, with their kind and the tokens of their leading cells another prompt
+    /// may copy (those with none are skipped).
+    pub fn copy_candidates(
+        &self,
+        parent: Option<PageId>,
+        max: usize,
+    ) -> impl Iterator<Item = (PageId, u8, &[TokenId])> + '_ {
+        let st = &self.store;
+        let pages: &[PageId] = match parent {
+            Some(p) => st.page(p).entry.as_ref().map_or(&[], |e| &e.children[..]),
+            None => &st.roots,
+        };
+        pages.iter().rev().take(max).filter_map(move |&p| {
+            let e = st.entry(p);
+            (e.exact > 0).then(|| (p, e.kind, &e.tokens[..e.exact as usize]))
+        })
+    }
+
     /// The longest run of cached full pages that starts `tokens` under `salt`.
     ///
     /// At most `(tokens.len() - 1) / page_size` pages: the last prompt token is always
@@ -809,6 +868,7 @@ impl PagePool {
                 n_final: m.pages.len(),
                 salt,
                 chain,
+                exact: (0, 0),
             },
         );
         self.query_tokens += tokens.len() as u64;
@@ -904,7 +964,8 @@ impl PagePool {
                     let node = match st.find(hash, parent, s.salt, page_tokens) {
                         Some(twin) => twin,
                         None => {
-                            st.register(s.pages[i], hash, parent, s.salt, page_tokens);
+                            let exact = (s.exact.0.saturating_sub(i * ps), s.exact.1);
+                            st.register(s.pages[i], hash, parent, s.salt, page_tokens, exact);
                             added += 1;
                             s.pages[i]
                         }
@@ -958,7 +1019,8 @@ impl PagePool {
             let hash = (st.hasher)(parent_hash, s.salt, tail);
             let private = st.page(p).refs == 1 && st.page(p).entry.is_none();
             if private && st.find(hash, parent, s.salt, tail).is_none() {
-                st.register(p, hash, parent, s.salt, tail);
+                let exact = (s.exact.0.saturating_sub(page_index * ps), s.exact.1);
+                st.register(p, hash, parent, s.salt, tail, exact);
                 kept = Some(p);
             }
         }
@@ -1136,6 +1198,21 @@ impl PagePool {
         ensure!(
             n_children == n_with_parent,
             "{n_with_parent} entries have a parent but {n_children} are linked as children"
+        );
+        for &r in &st.roots {
+            let re = st.pages.get(r as usize).and_then(|x| x.entry.as_ref());
+            ensure!(
+                re.is_some_and(|re| re.parent.is_none()),
+                "root {r} is not a registered first page"
+            );
+            ensure!(!is_child[r as usize], "page {r} listed twice as a root");
+            is_child[r as usize] = true;
+        }
+        ensure!(
+            st.roots.len() == n_registered - n_with_parent,
+            "{} first pages registered but {} listed as roots",
+            n_registered - n_with_parent,
+            st.roots.len()
         );
         ensure!(
             n_registered == st.n_registered,
@@ -1524,6 +1601,63 @@ mod tests {
         assert_ne!(pool.registration(t1[1]).unwrap().0, kept, "reused by seq 3");
         assert!(pool.take_evicted().iter().all(|e| e.tokens.len() == 4));
         pool.free(3).unwrap();
+        ok(&pool);
+    }
+
+    #[test]
+    fn copy_candidates_list_registered_pages_with_exact_cells() {
+        let mut pool = PagePool::new(8, 4);
+        let cands = |pool: &PagePool, parent| -> Vec<(PageId, u8, Vec<TokenId>)> {
+            pool.copy_candidates(parent, 8)
+                .map(|(p, k, t)| (p, k, t.to_vec()))
+                .collect()
+        };
+        // Seq 1: 7 exact cells of kind 1 over 10 tokens: page 0 whole, page 1 three
+        // cells (the rest were not computed as prompt rows).
+        let toks1 = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        pool.allocate(1, &toks1, 0).unwrap();
+        pool.set_copy_exactness(1, 7, 1).unwrap();
+        pool.append_slots(1, 10).unwrap();
+        pool.commit_full_pages(1, &toks1).unwrap();
+        let t1 = pool.page_table(1).unwrap().to_vec();
+        assert_eq!(cands(&pool, None), [(t1[0], 1, vec![1, 2, 3, 4])]);
+        assert_eq!(cands(&pool, Some(t1[0])), [(t1[1], 1, vec![5, 6, 7])]);
+        // Seq 2 parts from seq 1 inside the first page; never marked: no cells.
+        pool.allocate(2, &[1, 2, 9, 9, 9], 0).unwrap();
+        pool.append_slots(2, 5).unwrap();
+        pool.commit_full_pages(2, &[1, 2, 9, 9, 9]).unwrap();
+        assert_eq!(cands(&pool, None).len(), 1);
+        // Seq 3 parts inside the first page too, marked: listed newest first.
+        pool.allocate(3, &[1, 2, 3, 8, 8], 0).unwrap();
+        pool.set_copy_exactness(3, 5, 0).unwrap();
+        pool.append_slots(3, 5).unwrap();
+        pool.commit_full_pages(3, &[1, 2, 3, 8, 8]).unwrap();
+        let t3 = pool.page_table(3).unwrap()[0];
+        assert_eq!(
+            cands(&pool, None),
+            [(t3, 0, vec![1, 2, 3, 8]), (t1[0], 1, vec![1, 2, 3, 4])]
+        );
+        assert_eq!(pool.copy_candidates(None, 1).count(), 1, "at most max");
+        ok(&pool);
+        // A kept partial tail carries its exact cells.
+        pool.free(1).unwrap();
+        pool.allocate(4, &[1, 2, 3, 4, 6, 6], 0).unwrap();
+        pool.set_copy_exactness(4, 6, 1).unwrap();
+        pool.append_slots(4, 2).unwrap();
+        let t4 = pool.page_table(4).unwrap()[1];
+        assert_eq!(pool.free_keeping_tail(4, 1, &[6, 6]), Ok(Some(t4)));
+        let under = cands(&pool, Some(t1[0]));
+        assert!(under.contains(&(t4, 1, vec![6, 6])) && under.len() == 2);
+        ok(&pool);
+        // Evicted pages leave the lists (a first page takes its subtree along).
+        pool.free(2).unwrap();
+        pool.free(3).unwrap();
+        for seq in 10..18 {
+            pool.allocate(seq, &[seq as u32], 0).unwrap();
+            pool.append_slots(seq, 1).unwrap();
+        }
+        assert!(cands(&pool, None).is_empty());
+        assert!(cands(&pool, Some(t1[0])).is_empty());
         ok(&pool);
     }
 

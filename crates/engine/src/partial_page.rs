@@ -1,12 +1,13 @@
 //! Prefix reuse inside a page: a new prompt copies the KV cells it shares with
-//! the page where another prompt's exactly computed cells end.
+//! another prompt's page of exactly computed cells.
 //!
 //! The prefix cache shares whole pages, and a hit leaves at least [`ROW_GROUP`]
 //! prompt tokens to compute. So without more, a prompt under [`CHUNK_ALIGN`] tokens
-//! never hits, and a prompt that continues an earlier one (the next turn of a chat,
-//! an agent's next step: the earlier prompt, its answer and a tool result) recomputes
-//! the earlier prompt's last, partial page. llama.cpp's server reuses a slot's
-//! previous prompt token by token.
+//! never hits; a prompt that continues an earlier one (the next turn of a chat, an
+//! agent's next step: the earlier prompt, its answer and a tool result) recomputes
+//! the earlier prompt's last, partial page; and prompts that share a system prompt
+//! and part inside a page recompute the shared part of that page. llama.cpp's
+//! server reuses a slot's previous prompt token by token.
 //!
 //! A prompt's token rows are computed in pieces that start at multiples of
 //! [`ROW_GROUP`] (chunks start at multiples of [`CHUNK_ALIGN`], or where a hit or a
@@ -20,26 +21,31 @@
 //! [`ROW_GROUP`] of them) and compute the rest, getting the numbers it would get
 //! without the copy. A copy is at most one page of cells.
 //!
-//! Sources are the pages where a prompt's exact cells end (not on a page boundary):
-//! of running requests once their prompt is computed, and of finished ones while the
-//! page stays registered in the prefix cache (a registered page is never written). A
-//! page the answer filled is registered as a whole page; one it left partial is kept
-//! as a partial entry ([`PagePool::free_keeping_tail`]), so short answers (a tool
-//! call) also spare the next turn the tail. A source fits a new prompt only under
-//! the same cached page (or both at the start), so everything before it is the same.
-
-use std::collections::VecDeque;
+//! Sources are pages whose leading cells hold a prompt's exact KV: the page where a
+//! running request's exact cells end, once its prompt is computed; and the registered
+//! pages under the same cached page (a registered page is never written), which the
+//! pool lists with their exact cells ([`PagePool::copy_candidates`]). Those are whole
+//! pages of earlier prompts that part from the new one inside the page (or that a
+//! hit could not take: a hit leaves a block to compute), and the pages where
+//! finished prompts' exact cells end: a page the answer filled is registered as a
+//! whole page, one it left partial is kept as a partial entry
+//! ([`PagePool::free_keeping_tail`]), so short answers (a tool call) also spare the
+//! next turn the tail. A source fits a new prompt only under the same cached page
+//! (or both at the start), so everything before it is the same.
 
 use crate::core::CHUNK_ALIGN;
-use crate::pages::{PageId, PagePool};
+use crate::pages::PageId;
+#[cfg(doc)]
+use crate::pages::PagePool;
 
 /// Rows per block in ggml's repacked CPU matmuls: on x86 they take 16 rows at a
 /// time, then 4, then one, each with its own rounding (so a row's numbers depend on
 /// its block); copies cover whole blocks of 16.
 pub(crate) const ROW_GROUP: usize = 16;
 
-/// Finished sources remembered (oldest dropped first).
-const FINISHED_CAP: usize = 64;
+/// Registered pages under one parent checked as sources, newest first (a bound on
+/// the work per admitted prompt where many prompts part inside one page).
+pub(crate) const COPY_CANDIDATES: usize = 256;
 
 /// Leading cells of a prompt of `n_prompt` tokens that sit in whole row blocks
 /// (computed exactly as any prompt with those tokens computes them).
@@ -98,65 +104,6 @@ pub(crate) fn best_match<'a>(
         })
         .filter(|&(_, n)| n > 0)
         .max_by_key(|&(_, n)| n)
-}
-
-/// One remembered finished source.
-#[derive(Debug, Clone, Copy)]
-struct Finished {
-    page: PageId,
-    /// Its registration when remembered (see [`PagePool::registration`]).
-    reg: u64,
-    exact: usize,
-    tiled: bool,
-}
-
-/// Pages of finished prompts, each valid while the registration it had when
-/// remembered lasts.
-#[derive(Debug, Default)]
-pub(crate) struct FinishedSources {
-    entries: VecDeque<Finished>,
-}
-
-impl FinishedSources {
-    /// Remembers `page` (its first `exact` cells holding exact KV of a prompt of kind
-    /// `tiled`) if it is registered, which keeps its cells unchanged after its
-    /// request lets go of it.
-    pub fn remember(&mut self, pool: &PagePool, page: PageId, exact: usize, tiled: bool) {
-        let Some((reg, _)) = pool.registration(page) else {
-            return;
-        };
-        self.entries.retain(|e| e.page != page);
-        if self.entries.len() == FINISHED_CAP {
-            self.entries.pop_front();
-        }
-        self.entries.push_back(Finished {
-            page,
-            reg,
-            exact,
-            tiled,
-        });
-    }
-
-    /// Drops the entries whose page was evicted or re-registered since.
-    pub fn prune(&mut self, pool: &PagePool) {
-        self.entries
-            .retain(|e| pool.registration(e.page).map(|r| r.0) == Some(e.reg));
-    }
-
-    /// The remembered sources still registered, their tokens and parents read from
-    /// the pool (call [`FinishedSources::prune`] first to skip the stale ones for
-    /// good).
-    pub fn iter<'a>(&'a self, pool: &'a PagePool) -> impl Iterator<Item = Source<'a>> {
-        self.entries.iter().filter_map(move |e| {
-            let (r, tokens) = pool.registration(e.page)?;
-            (r == e.reg).then(|| Source {
-                page: e.page,
-                parent: pool.registered_parent(e.page).flatten(),
-                tiled: e.tiled,
-                tokens: &tokens[..e.exact],
-            })
-        })
-    }
 }
 
 #[cfg(test)]
@@ -218,38 +165,5 @@ mod tests {
             ..want(&a, 59)
         };
         assert_eq!(best_match(tiled, sources.iter().copied()), Some((4, 48)));
-    }
-
-    #[test]
-    fn finished_sources_last_while_registered() {
-        let ps = 64;
-        let mut pool = PagePool::new(4, ps);
-        let toks: Vec<u32> = (100..228).collect();
-        pool.allocate(1, &toks, 0).unwrap();
-        pool.append_slots(1, 2 * ps).unwrap();
-        pool.commit_full_pages(1, &toks).unwrap();
-        let table = pool.page_table(1).unwrap().to_vec();
-        let mut f = FinishedSources::default();
-        f.remember(&pool, table[1], 48, true);
-        pool.free(1).unwrap();
-        f.prune(&pool);
-        let sources: Vec<Source<'_>> = f.iter(&pool).collect();
-        assert_eq!(sources.len(), 1);
-        assert_eq!(sources[0].tokens, &toks[ps..ps + 48]);
-        assert_eq!(sources[0].parent, Some(table[0]));
-        assert!(sources[0].tiled);
-        // Fill the pool with other requests until the cached pages are evicted.
-        let mut held = Vec::new();
-        for seq in 10..14 {
-            pool.allocate(seq, &[seq as u32], 0).unwrap();
-            pool.append_slots(seq, ps).unwrap();
-            held.push(seq);
-        }
-        assert_eq!(f.iter(&pool).count(), 0, "evicted pages are no source");
-        f.prune(&pool);
-        assert!(f.entries.is_empty());
-        // An unregistered page is never remembered.
-        f.remember(&pool, pool.page_table(10).unwrap()[0], 16, false);
-        assert!(f.entries.is_empty());
     }
 }

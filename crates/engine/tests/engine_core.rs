@@ -641,8 +641,9 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
 /// new tokens) copies the earlier prompt's exact cells in its last, partial page
 /// (after the cached whole pages), from the finished request's page (a whole cached
 /// page once its answer filled it, else kept as a partial entry) or from a running
-/// request's page; the numbers are those of the prompt alone, bit for bit, on all
-/// three models.
+/// request's page, or from a cached whole page of a prompt that parts from it inside
+/// the page; the numbers are those of the prompt alone, bit for bit, on all three
+/// models.
 #[test]
 fn continued_prompts_copy_the_partial_page_exactly() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -738,6 +739,30 @@ fn continued_prompts_copy_the_partial_page_exactly() {
         assert_eq!(eng.stats().kv_pages_used, 0);
         same_as_alone(file, "fifth", &out_fifth, &alone(fifth));
         same_as_alone(file, "sixth", &out_sixth, &alone(&sixth));
+        // Prompts that part from a cached one inside a whole page copy the blocks they
+        // share from it: 100 tokens of the 150-token prompt then a new turn (a hit on
+        // the first page, then 32 of the 36 shared cells of the second); 40 tokens then
+        // new text (32 cells of the first page, no hit).
+        let mut eng = core(&model, &tok, 64 << 20);
+        let seventh = &text[..150];
+        let out_seventh = run_batch(&mut eng, vec![probe(seventh)]).remove(0);
+        let eighth = next(&text[..100]);
+        let out_eighth = run_batch(&mut eng, vec![probe(&eighth)]).remove(0);
+        assert_eq!(
+            out_eighth.finish.usage.cached_tokens, 96,
+            "{file}: a hit, then a copy from a whole page that parts inside"
+        );
+        let ninth = [&text[..40], &turn[..], &turn[..]].concat();
+        assert!(ninth.len() >= 64, "{file}: a tiled prompt");
+        let out_ninth = run_batch(&mut eng, vec![probe(&ninth)]).remove(0);
+        assert_eq!(
+            out_ninth.finish.usage.cached_tokens, 32,
+            "{file}: a copy from a first page that parts inside"
+        );
+        eng.check_invariants().expect("invariants");
+        same_as_alone(file, "seventh", &out_seventh, &alone(seventh));
+        same_as_alone(file, "eighth", &out_eighth, &alone(&eighth));
+        same_as_alone(file, "ninth", &out_ninth, &alone(&ninth));
     }
 }
 
