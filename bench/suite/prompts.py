@@ -395,11 +395,14 @@ THROUGHPUT_TOPICS = ["double-entry bookkeeping", "exponential backoff with jitte
                      "B-tree indexes", "HTTP keep-alive"]
 
 
-def throughput_messages(j, level=0):
+def throughput_messages(j, level=0, rep=0):
+    """Stream j's prompt at a stream count (`level`); repetition `rep` > 0 (interleaved
+    runs) changes its last words, so no engine serves a whole repeated prompt from cache."""
     topic = THROUGHPUT_TOPICS[j % len(THROUGHPUT_TOPICS)]
+    again = ", repeat %d" % rep if rep else ""
     return [{"role": "system", "content": "You are a helpful senior software engineer. Answer in detail."},
             {"role": "user", "content": "Explain %s to a new team member in about 400 words, with a short "
-                                        "Python example. (request %d of batch %d)" % (topic, j + 1, level)}]
+                                        "Python example. (request %d of batch %d%s)" % (topic, j + 1, level, again)}]
 
 
 PREFIX_QUESTIONS = [

@@ -99,6 +99,10 @@ def parse_args(argv=None):
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--streams", default="1,4,8,16")
     ap.add_argument("--tp-tokens", type=int, default=128, help="throughput: max_tokens per stream")
+    ap.add_argument("--interleave", type=int, default=0, metavar="N",
+                    help="throughput: run both engines' servers at once and measure each stream count N "
+                         "times, the engines back to back in alternating order, so slow spells of a shared "
+                         "machine hit both (ratios per pair and their median); 0 = one engine after the other")
     ap.add_argument("--decoders", type=int, default=3, help="interference: streams decoding meanwhile")
     ap.add_argument("--long-prompt", type=int, default=10000, help="interference: long prompt tokens")
     ap.add_argument("--baseline-s", type=float, default=6.0,
@@ -286,6 +290,16 @@ def main(argv=None):
     try:
         for model in models:
             path = os.path.join(a.models_dir, MODELS[model])
+            if scen == "throughput" and a.interleave:
+                print("[%s] %s on %s, interleaved x%d" % (
+                    scen, " and ".join(e.name for e in engines), model, a.interleave), flush=True)
+                runs = [{"engine": e.name, "engine_key": e.key, "model": model, "data": {},
+                         "_t": time.perf_counter(), "_snap": _cpu_snapshot()} for e in engines]
+                result["runs"] += runs
+                sc.run_throughput_interleaved(engines, model, path, a, [r["data"] for r in runs])
+                for r in runs:
+                    _close_run(r)
+                continue
             for eng in engines:
                 print("[%s] %s on %s" % (scen, eng.name, model), flush=True)
                 t_run = time.perf_counter()

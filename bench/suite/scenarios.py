@@ -8,6 +8,8 @@ Times are client-side (time.perf_counter around the HTTP stream) unless the
 field says `server_`; memory is read from /proc of the server process.
 """
 
+import contextlib
+import statistics
 import threading
 import time
 
@@ -412,25 +414,95 @@ def run_throughput(engine, model_key, model_path, a, out=None):
         out["server"] = _server_record(engine, srv)
         out["warmup"] = _slim(_warmup(srv))
         for n in a.streams:
-            t0 = time.perf_counter()
-            times = [[] for _ in range(n)]
-            res = run_concurrent([lambda j=j: chat(srv.base, prompts.throughput_messages(j, n), max_tokens=a.tp_tokens,
-                                                   delta_times=times[j])
-                                  for j in range(n)])
-            wall = time.perf_counter() - t0
-            recs = [_slim(r) for r in res]
-            toks = sum((r["completion_tokens"] or r["n_deltas"] or 0) for r in recs)
-            per = [((r["completion_tokens"] or r["n_deltas"]) - 1) / r["decode_s"] for r in recs
-                   if r.get("decode_s") and (r["completion_tokens"] or r["n_deltas"] or 0) > 1]
-            lv = {"streams": n, "wall_s": round(wall, 3), "tokens": toks, "agg_tok_s": _r(toks / wall, 2),
-                  "per_stream_tok_s_median": _r(percentile(per, 50), 2),
-                  "ttft_p50_s": _r(percentile([r["ttft_s"] for r in recs], 50)),
-                  "steady_decode_tok_s": _r(_steady_decode(times), 2),
-                  "n_ok": sum(1 for r in recs if r["ok"]), "requests": recs}
-            out["levels"].append(lv)
-            print("  %2d streams: %d tokens in %.1f s = %.1f tok/s aggregate (per stream %s tok/s)" % (
-                n, toks, wall, toks / wall, lv["per_stream_tok_s_median"]), flush=True)
+            out["levels"].append(_throughput_level(srv, n, a))
     return out
+
+
+def run_throughput_interleaved(engines, model_key, model_path, a, outs):
+    """Every engine's server runs at once (idle ones wait on their sockets); each
+    stream count is measured `a.interleave` times, the engines back to back, in
+    alternating order, so a slow spell of the machine falls on both of a pair."""
+    npar = max(a.streams)
+    ctx = a.ctx or npar * 1024
+    with contextlib.ExitStack() as stack:
+        srvs = [stack.enter_context(e.server(model_path, ctx=ctx, parallel=npar)) for e in engines]
+        for e, srv, out in zip(engines, srvs, outs):
+            _into(out, {"max_tokens": a.tp_tokens, "ctx": ctx, "np": npar, "levels": [],
+                        "interleaved": a.interleave})
+            out["server"] = _server_record(e, srv)
+            out["warmup"] = _slim(_warmup(srv))
+        for rep in range(a.interleave):
+            for n in a.streams:
+                order = list(range(len(engines)))
+                if (rep + a.streams.index(n)) % 2:
+                    order.reverse()
+                for i in order:
+                    print("  %s:" % engines[i].name, end="", flush=True)
+                    lv = _throughput_level(srvs[i], n, a, rep)
+                    lv["rep"] = rep
+                    outs[i]["levels"].append(lv)
+
+
+def _throughput_level(srv, n, a, rep=0):
+    """`n` concurrent streams of `a.tp_tokens` tokens each (prompts of repetition `rep`)."""
+    t0 = time.perf_counter()
+    times = [[] for _ in range(n)]
+    res = run_concurrent([lambda j=j: chat(srv.base, prompts.throughput_messages(j, n, rep),
+                                           max_tokens=a.tp_tokens, delta_times=times[j])
+                          for j in range(n)])
+    wall = time.perf_counter() - t0
+    recs = [_slim(r) for r in res]
+    toks = sum((r["completion_tokens"] or r["n_deltas"] or 0) for r in recs)
+    per = [((r["completion_tokens"] or r["n_deltas"]) - 1) / r["decode_s"] for r in recs
+           if r.get("decode_s") and (r["completion_tokens"] or r["n_deltas"] or 0) > 1]
+    lv = {"streams": n, "wall_s": round(wall, 3), "tokens": toks, "agg_tok_s": _r(toks / wall, 2),
+          "per_stream_tok_s_median": _r(percentile(per, 50), 2),
+          "ttft_p50_s": _r(percentile([r["ttft_s"] for r in recs], 50)),
+          "steady_decode_tok_s": _r(_steady_decode(times), 2),
+          "n_ok": sum(1 for r in recs if r["ok"]), "requests": recs}
+    print("  %2d streams: %d tokens in %.1f s = %.1f tok/s aggregate (per stream %s tok/s)" % (
+        n, toks, wall, toks / wall, lv["per_stream_tok_s_median"]), flush=True)
+    return lv
+
+
+def _median_levels(levels):
+    """Interleaved runs: one level per stream count, each measure the median over the
+    repetitions (tokens, wall and ok summed)."""
+    by = {}
+    for lv in levels:
+        by.setdefault(lv["streams"], []).append(lv)
+    out = []
+    for n, lvs in by.items():
+        def med(k):
+            xs = [lv[k] for lv in lvs if lv.get(k) is not None]
+            return _r(statistics.median(xs), 2) if xs else None
+        out.append({"streams": n, "agg_tok_s": med("agg_tok_s"), "steady_decode_tok_s": med("steady_decode_tok_s"),
+                    "per_stream_tok_s_median": med("per_stream_tok_s_median"), "ttft_p50_s": med("ttft_p50_s"),
+                    "tokens": sum(lv["tokens"] for lv in lvs), "wall_s": _r(sum(lv["wall_s"] for lv in lvs), 1),
+                    "n_ok": sum(lv["n_ok"] for lv in lvs), "n_req": n * len(lvs), "reps": len(lvs)})
+    return out
+
+
+def _interleaved_ratios(result):
+    """Notes: the second engine's aggregate and steady decode over the first's, per
+    back-to-back pair and the median of the pairs."""
+    runs = result["runs"]
+    if len(runs) != 2 or not runs[0]["data"].get("interleaved"):
+        return []
+    a_lv, b_lv = runs[0]["data"]["levels"], runs[1]["data"]["levels"]
+    notes = []
+    for key, what in (("agg_tok_s", "aggregate"), ("steady_decode_tok_s", "steady decode")):
+        parts = []
+        for n in sorted({lv["streams"] for lv in a_lv}):
+            pairs = [(x.get(key), y.get(key)) for x in a_lv for y in b_lv
+                     if x["streams"] == y["streams"] == n and x["rep"] == y["rep"]]
+            rs = [y / x for x, y in pairs if x and y]
+            if rs:
+                parts.append("%d streams %s (median **%.2f**)" % (
+                    n, ", ".join("%.2f" % r for r in rs), statistics.median(rs)))
+        notes.append("%s / %s, %s tok/s per back-to-back pair: %s." % (
+            runs[1]["engine"], runs[0]["engine"], what, "; ".join(parts)))
+    return notes
 
 
 def _steady_decode(times):
@@ -451,15 +523,18 @@ def summarize_throughput(result):
     prow, rows = [], []
     for run in result["runs"]:
         lvs = run["data"]["levels"]
+        if run["data"].get("interleaved"):
+            lvs = _median_levels(lvs)
         prow.append({"label": "%s (%s)" % (run["engine"], run["model"]), "engine": run["engine"],
                      "points": [{"tag": "×%d" % lv["streams"], "value": lv["agg_tok_s"]} for lv in lvs]})
         for lv in lvs:
             rows.append([run["model"], run["engine"], lv["streams"], lv["agg_tok_s"], lv.get("steady_decode_tok_s"),
                          lv["per_stream_tok_s_median"], lv["ttft_p50_s"], lv["tokens"], lv["wall_s"],
-                         "%d/%d" % (lv["n_ok"], lv["streams"])])
+                         "%d/%d" % (lv["n_ok"], lv.get("n_req", lv["streams"]))])
     srow = [{"label": "%s (%s)" % (run["engine"], run["model"]), "engine": run["engine"],
              "points": [{"tag": "×%d" % lv["streams"], "value": lv.get("steady_decode_tok_s")}
-                        for lv in run["data"]["levels"] if lv.get("steady_decode_tok_s")]}
+                        for lv in (_median_levels(run["data"]["levels"]) if run["data"].get("interleaved")
+                                   else run["data"]["levels"]) if lv.get("steady_decode_tok_s")]}
             for run in result["runs"]]
     panels = [{"title": "throughput: aggregate tok/s at 1/4/8/16 streams", "unit": "tok/s", "better": "higher",
                "rows": prow, "kind": "bars"},
@@ -473,6 +548,12 @@ def summarize_throughput(result):
              "steady decode tok/s = tokens of all streams that arrive while every stream is decoding (from the "
              "last stream's first token to the first stream's last token) over that window: the batched decode "
              "rate, without prefill, prompt caching or arrival order (llama-batched-bench's S_TG)."]
+    if any(run["data"].get("interleaved") for run in result["runs"]):
+        notes.append("interleaved: both servers ran at once and each stream count was measured %d times, the "
+                     "engines back to back in alternating order; the table shows medians over the repetitions "
+                     "(tokens, wall and ok summed). Each repetition's prompts end differently (\", repeat N\"), "
+                     "so no whole prompt is served from cache." % result["runs"][0]["data"]["interleaved"])
+        notes += _interleaved_ratios(result)
     return {"panels": panels, "table": table, "notes": notes}
 
 
