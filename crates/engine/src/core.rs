@@ -1145,7 +1145,7 @@ impl EngineCore {
                 let kind = partial_page::tiled(s.n_prompt) as u8;
                 let exact = partial_page::exact_cells(s.n_prompt);
                 self.pool
-                    .set_copy_exactness(s.id, exact, kind)
+                    .set_copy_exactness(s.id, 0..exact, kind)
                     .expect("allocated");
             }
             let first_admission = !s.admitted_before;
@@ -1542,6 +1542,16 @@ impl EngineCore {
         self.pool
             .append_slots(s.id, hashes.len() * ps)
             .expect("room was checked");
+        // Pages read back hold KV of unknown making (a prompt's or an answer's): not
+        // copy sources. Pages computed after them are.
+        if s.usage.preemptions == 0 {
+            let from = s.n_computed + hashes.len() * ps;
+            let kind = partial_page::tiled(s.n_prompt) as u8;
+            let exact = from..partial_page::exact_cells(s.n_prompt).max(from);
+            self.pool
+                .set_copy_exactness(s.id, exact, kind)
+                .expect("allocated");
+        }
         let load = self.ssd.as_mut().expect("checked").start_load(&hashes);
         tracing::debug!(id = s.id, pages = hashes.len(), "prefix read back from SSD");
         self.loading.push(Loading {

@@ -533,7 +533,19 @@ struct Seq {
     chain: Chain,
     /// Leading cells whose KV another prompt may copy, and their kind (see
     /// [`PagePool::set_copy_exactness`]); recorded in the entries it registers.
-    exact: (usize, u8),
+    exact: (std::ops::Range<usize>, u8),
+}
+
+impl Seq {
+    /// Exact leading cells of a page starting at cell `start`, and their kind.
+    fn exact_leading(&self, start: usize) -> (usize, u8) {
+        let (cells, kind) = &self.exact;
+        let n = match cells.contains(&start) {
+            true => cells.end - start,
+            false => 0,
+        };
+        (n, *kind)
+    }
 }
 
 /// KV page allocator with a global, ref-counted prefix cache. See the module docs.
@@ -758,14 +770,14 @@ impl PagePool {
         self.store.page(page).entry.as_ref().map(|e| e.parent)
     }
 
-    /// Records that the first `cells` cells of `seq` (from its first token) hold KV
-    /// that any prompt with the same tokens computes bit for bit, given the same
-    /// `kind`; the pages `seq` registers from now on (whole, or kept partial) carry
-    /// their share of it, for [`PagePool::copy_candidates`]. Default: none.
+    /// Records that cells `cells` of `seq` hold KV that any prompt with the same
+    /// tokens computes bit for bit, given the same `kind`; the pages `seq` registers
+    /// from now on (whole, or kept partial) that start inside the range carry their
+    /// leading share of it, for [`PagePool::copy_candidates`]. Default: none.
     pub fn set_copy_exactness(
         &mut self,
         seq: SeqId,
-        cells: usize,
+        cells: std::ops::Range<usize>,
         kind: u8,
     ) -> Result<(), PageError> {
         let s = self.seqs.get_mut(&seq).ok_or(PageError::UnknownSeq(seq))?;
@@ -868,7 +880,7 @@ impl PagePool {
                 n_final: m.pages.len(),
                 salt,
                 chain,
-                exact: (0, 0),
+                exact: (0..0, 0),
             },
         );
         self.query_tokens += tokens.len() as u64;
@@ -964,7 +976,7 @@ impl PagePool {
                     let node = match st.find(hash, parent, s.salt, page_tokens) {
                         Some(twin) => twin,
                         None => {
-                            let exact = (s.exact.0.saturating_sub(i * ps), s.exact.1);
+                            let exact = s.exact_leading(i * ps);
                             st.register(s.pages[i], hash, parent, s.salt, page_tokens, exact);
                             added += 1;
                             s.pages[i]
@@ -1019,7 +1031,7 @@ impl PagePool {
             let hash = (st.hasher)(parent_hash, s.salt, tail);
             let private = st.page(p).refs == 1 && st.page(p).entry.is_none();
             if private && st.find(hash, parent, s.salt, tail).is_none() {
-                let exact = (s.exact.0.saturating_sub(page_index * ps), s.exact.1);
+                let exact = s.exact_leading(page_index * ps);
                 st.register(p, hash, parent, s.salt, tail, exact);
                 kept = Some(p);
             }
@@ -1616,7 +1628,7 @@ mod tests {
         // cells (the rest were not computed as prompt rows).
         let toks1 = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
         pool.allocate(1, &toks1, 0).unwrap();
-        pool.set_copy_exactness(1, 7, 1).unwrap();
+        pool.set_copy_exactness(1, 0..7, 1).unwrap();
         pool.append_slots(1, 10).unwrap();
         pool.commit_full_pages(1, &toks1).unwrap();
         let t1 = pool.page_table(1).unwrap().to_vec();
@@ -1629,7 +1641,7 @@ mod tests {
         assert_eq!(cands(&pool, None).len(), 1);
         // Seq 3 parts inside the first page too, marked: listed newest first.
         pool.allocate(3, &[1, 2, 3, 8, 8], 0).unwrap();
-        pool.set_copy_exactness(3, 5, 0).unwrap();
+        pool.set_copy_exactness(3, 0..5, 0).unwrap();
         pool.append_slots(3, 5).unwrap();
         pool.commit_full_pages(3, &[1, 2, 3, 8, 8]).unwrap();
         let t3 = pool.page_table(3).unwrap()[0];
@@ -1642,7 +1654,7 @@ mod tests {
         // A kept partial tail carries its exact cells.
         pool.free(1).unwrap();
         pool.allocate(4, &[1, 2, 3, 4, 6, 6], 0).unwrap();
-        pool.set_copy_exactness(4, 6, 1).unwrap();
+        pool.set_copy_exactness(4, 0..6, 1).unwrap();
         pool.append_slots(4, 2).unwrap();
         let t4 = pool.page_table(4).unwrap()[1];
         assert_eq!(pool.free_keeping_tail(4, 1, &[6, 6]), Ok(Some(t4)));
@@ -1658,6 +1670,20 @@ mod tests {
         }
         assert!(cands(&pool, None).is_empty());
         assert!(cands(&pool, Some(t1[0])).is_empty());
+        ok(&pool);
+        for seq in 10..18 {
+            pool.free(seq).unwrap();
+        }
+        // Exact cells that start after a page's first cell (pages read back from the
+        // SSD tier before them): that page has none, the next ones their share.
+        let toks5 = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3];
+        pool.allocate(5, &toks5, 0).unwrap();
+        pool.set_copy_exactness(5, 4..10, 1).unwrap();
+        pool.append_slots(5, 10).unwrap();
+        pool.commit_full_pages(5, &toks5).unwrap();
+        let t5 = pool.page_table(5).unwrap().to_vec();
+        assert!(cands(&pool, None).is_empty());
+        assert_eq!(cands(&pool, Some(t5[0])), [(t5[1], 1, vec![5, 9, 2, 6])]);
         ok(&pool);
     }
 
