@@ -793,17 +793,18 @@ impl EngineCore {
             // The exact cells are in this admission's pages once its prompt is computed
             // (a resumed request recomputes them); a failed step's KV is not trusted.
             let written = s.n_computed >= s.n_prompt && !matches!(reason, FinishReason::Error(_));
-            let tail = partial_page::exact_tail(s.exact_cells, ps).filter(|_| written);
-            let page = tail.and_then(|(j, _)| self.pool.page_table(s.id)?.get(j).copied());
-            match (tail, page) {
-                (Some((j, exact)), Some(_)) => {
+            let held = self.pool.page_table(s.id).map_or(0, <[_]>::len);
+            let tail =
+                partial_page::exact_tail(s.exact_cells, ps).filter(|&(j, _)| written && j < held);
+            match tail {
+                Some((j, exact)) => {
                     let tokens = &s.tokens[j * ps..j * ps + exact];
                     // A page the answer filled is already cached as a whole page.
                     self.pool
                         .free_keeping_tail(s.id, j, tokens)
                         .expect("allocated");
                 }
-                _ => self.pool.free(s.id).expect("allocated"),
+                None => self.pool.free(s.id).expect("allocated"),
             }
         }
         let _ = s.tx.send(Event::Finished(Finish {
@@ -997,10 +998,25 @@ impl EngineCore {
         }
     }
 
+    /// Tells the pool which cells of admitted `s`, from cell `from` on, other prompts
+    /// may copy (see [`crate::partial_page`]): its prompt's exact cells, computed in
+    /// pieces that start at multiples of [`ROW_GROUP`]. A resumed request's pages are
+    /// not marked.
+    fn mark_copy_sources(&mut self, s: &Live, from: usize) {
+        if s.usage.preemptions == 0 {
+            let kind = partial_page::tiled(s.n_prompt) as u8;
+            let cells = from..partial_page::exact_cells(s.n_prompt).max(from);
+            self.pool
+                .set_copy_exactness(s.id, cells, kind)
+                .expect("admitted requests hold pages");
+        }
+    }
+
     /// Extends a newly admitted prompt's cached prefix `m` inside the next page: copies
     /// the KV of the longest run of 16-token blocks it shares with another prompt's
-    /// page of exact cells under the same cached page (see [`crate::partial_page`]). Leaves a token to compute, and a whole block for a
-    /// prompt of a chunk or more (see [`Self::usable_prefix`]).
+    /// page of exact cells under the same cached page (see [`crate::partial_page`]).
+    /// Leaves a token to compute, and a whole block for a prompt of a chunk or more
+    /// (see [`Self::usable_prefix`]).
     fn copy_partial_page(&mut self, s: &mut Live, m: &PrefixMatch) {
         let ps = self.pool.page_size();
         let start = m.n_cached_tokens;
@@ -1138,16 +1154,7 @@ impl EngineCore {
                 .allocate(s.id, &s.tokens[..usable], 0)
                 .expect("a waiting request holds no pages");
             debug_assert_eq!(m.n_cached_tokens % CHUNK_ALIGN, 0);
-            if s.usage.preemptions == 0 {
-                // Its prompt is computed in pieces starting at multiples of ROW_GROUP:
-                // the pages it registers are copy sources (see partial_page). A
-                // resumed request's pages are not marked.
-                let kind = partial_page::tiled(s.n_prompt) as u8;
-                let exact = partial_page::exact_cells(s.n_prompt);
-                self.pool
-                    .set_copy_exactness(s.id, 0..exact, kind)
-                    .expect("allocated");
-            }
+            self.mark_copy_sources(&s, 0);
             let first_admission = !s.admitted_before;
             if !s.admitted_before {
                 s.admitted_before = true;
@@ -1544,14 +1551,7 @@ impl EngineCore {
             .expect("room was checked");
         // Pages read back hold KV of unknown making (a prompt's or an answer's): not
         // copy sources. Pages computed after them are.
-        if s.usage.preemptions == 0 {
-            let from = s.n_computed + hashes.len() * ps;
-            let kind = partial_page::tiled(s.n_prompt) as u8;
-            let exact = from..partial_page::exact_cells(s.n_prompt).max(from);
-            self.pool
-                .set_copy_exactness(s.id, exact, kind)
-                .expect("allocated");
-        }
+        self.mark_copy_sources(&s, s.n_computed + hashes.len() * ps);
         let load = self.ssd.as_mut().expect("checked").start_load(&hashes);
         tracing::debug!(id = s.id, pages = hashes.len(), "prefix read back from SSD");
         self.loading.push(Loading {

@@ -206,9 +206,10 @@ struct Entry {
     parent: Option<PageId>,
     salt: u64,
     tokens: Box<[TokenId]>,
+    /// Registered pages under this one, oldest first.
     children: Vec<PageId>,
     /// Leading cells another prompt may copy (see [`PagePool::set_copy_exactness`]).
-    exact: u16,
+    exact: u32,
     /// The engine's tag for how they were computed; copies need equal tags.
     kind: u8,
 }
@@ -244,7 +245,7 @@ struct Store {
     free_pos: Vec<PageId>,
     /// Hash -> first page of its bucket; buckets chain through `Page::hash_next`.
     index: HashMap<u64, PageId>,
-    /// Registered first pages (no parent), in registration order but for removals.
+    /// Registered first pages (no parent), oldest first (like `Entry::children`).
     roots: Vec<PageId>,
     evicted: u64,
     /// Evicted pages not yet taken, when the log is on.
@@ -340,7 +341,7 @@ impl Store {
             salt,
             tokens: tokens.into(),
             children: Vec::new(),
-            exact: exact.min(tokens.len()) as u16,
+            exact: exact.min(tokens.len()) as u32,
             kind,
         });
         self.n_registered += 1;
