@@ -274,7 +274,8 @@ if has real; then
             | sed "s/^{/{\"prompts\":\"$kind\",/" | tee -a "$out/real-compare.jsonl"
     done
     tar -C "$work" -czf "$out/real-raw.tar.gz" real-raw
-    grep -m3 -i "CUDA0\|error" "$work/llama-greedy.log"
+    # Which devices llama.cpp's runs used, and any error (when it ran).
+    [ -n "$lg" ] && grep -m3 -i "CUDA0\|error" "$work/llama-greedy.log"
     $T bench --gguf "$real" --device cuda --pp 512 --tg 128 --reps 3 \
         2>>"$out/run.log" | tee -a "$out/results.jsonl"
     $T bench --gguf "$real" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 \
