@@ -31,8 +31,9 @@ command lines and the server's resolved settings.
 
 Both engines are measured in every table. Machine: 2 shared CPU cores, so
 absolute numbers drift between runs; compare engines within one run. Tables
-tagged `(h200)` ran Tempo9 alone on the lent NVIDIA H200 (`scripts/gpu/run-h200.sh
-suite`). The SSD tier has its own harnesses (`bench/ssd/run.py`: a long prefix
+tagged `(h200…)` ran on the lent NVIDIA H200 (`scripts/gpu/run-h200.sh suite`) on a
+synthetic Llama-3.1-8B-shape Q4_K file: Tempo9 alone, except `(h200-llama)`, where
+llama.cpp's `llama-server` runs beside it with the same CUDA backend library. The SSD tier has its own harnesses (`bench/ssd/run.py`: a long prefix
 evicted and read back; `bench/ssd/agents.py`: many agents through a small RAM
 budget); their newest tables
 close this page.

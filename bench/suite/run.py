@@ -102,7 +102,9 @@ def parse_args(argv=None):
     ap.add_argument("--interleave", type=int, default=0, metavar="N",
                     help="throughput: run both engines' servers at once and measure each stream count N "
                          "times, the engines back to back in alternating order, so slow spells of a shared "
-                         "machine hit both (ratios per pair and their median); 0 = one engine after the other")
+                         "machine hit both (ratios per pair and their median); agents-*: N repetitions, "
+                         "each on fresh servers of both engines, every round back to back in alternating "
+                         "order; 0 = one engine after the other")
     ap.add_argument("--decoders", type=int, default=3, help="interference: streams decoding meanwhile")
     ap.add_argument("--long-prompt", type=int, default=10000, help="interference: long prompt tokens")
     ap.add_argument("--baseline-s", type=float, default=6.0,
@@ -251,6 +253,13 @@ def rerender(paths):
         print("re-rendered", stem)
 
 
+def _agents_targets(scen, a):
+    """System prompt sizes of an agents scenario."""
+    if a.variant_tokens:
+        return [int(x) for x in a.variant_tokens.split(",")]
+    return {"agents": [1500, 10000], "agents-1.5k": [1500], "agents-10k": [10000]}[scen]
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--rerender":
@@ -290,6 +299,18 @@ def main(argv=None):
     try:
         for model in models:
             path = os.path.join(a.models_dir, MODELS[model])
+            if scen.startswith("agents") and a.interleave:
+                print("[%s] %s on %s, interleaved x%d" % (
+                    scen, " and ".join(e.name for e in engines), model, a.interleave), flush=True)
+                runs = [{"engine": e.name, "engine_key": e.key, "model": model, "data": {"variants": []},
+                         "_t": time.perf_counter(), "_snap": _cpu_snapshot()} for e in engines]
+                result["runs"] += runs
+                for t in _agents_targets(scen, a):
+                    print(" variant ~%d-token system prompt" % t, flush=True)
+                    sc.run_agents_interleaved(engines, model, path, a, t, [r["data"] for r in runs])
+                for r in runs:
+                    _close_run(r)
+                continue
             if scen == "throughput" and a.interleave:
                 print("[%s] %s on %s, interleaved x%d" % (
                     scen, " and ".join(e.name for e in engines), model, a.interleave), flush=True)
@@ -309,12 +330,8 @@ def main(argv=None):
                        "_t": t_run, "_snap": snap}
                 result["runs"].append(run)
                 if scen.startswith("agents"):
-                    if a.variant_tokens:
-                        targets = [int(x) for x in a.variant_tokens.split(",")]
-                    else:
-                        targets = {"agents": [1500, 10000], "agents-1.5k": [1500], "agents-10k": [10000]}[scen]
                     data["variants"] = []
-                    for t in targets:
+                    for t in _agents_targets(scen, a):
                         print(" variant ~%d-token system prompt" % t, flush=True)
                         v = {}
                         data["variants"].append(v)

@@ -82,11 +82,45 @@ def agents_ctx(target, n_agents, rounds, per_round, unified):
     return ((need + 4095) // 4096) * 4096
 
 
-def run_agents(engine, model_key, model_path, a, target, out=None):
+def _agents_setup(model_key, a, target):
+    """System prompt, rounds and -c of an agents variant."""
     sys_text = prompts.system_prompt(target, prompts.cpt(model_key))
-    n_agents, per_round = a.agents, a.per_agent
     rounds = a.rounds or (3 if target < 5000 else 2)
-    ctx = a.ctx or agents_ctx(target, n_agents, rounds, per_round, a.np is None)
+    ctx = a.ctx or agents_ctx(target, a.agents, rounds, a.per_agent, a.np is None)
+    return sys_text, rounds, ctx
+
+
+def _agents_round(srv, sys_text, a, rnd):
+    """One round: every agent sends its `a.per_agent` next requests, one after another,
+    all agents at once. Returns the round's record."""
+    t_round = time.perf_counter()
+
+    def agent_job(i):
+        recs = []
+        for j in range(a.per_agent):
+            step = rnd * a.per_agent + j
+            res = chat(srv.base, prompts.agent_messages(sys_text, i, step), max_tokens=a.max_tokens)
+            rec = _slim(res)
+            rec.update({"agent": i, "round": rnd, "step": step})
+            recs.append(rec)
+        return recs
+
+    per_agent = run_concurrent([lambda i=i: agent_job(i) for i in range(a.agents)])
+    reqs = [r for recs in per_agent for r in (recs if isinstance(recs, list) else [recs])]
+    ttfts = [r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]
+    rd = {"round": rnd, "wall_s": _r(time.perf_counter() - t_round, 2), "n_requests": len(reqs),
+          "n_ok": sum(1 for r in reqs if r.get("ok")),
+          "ttft_p50_s": _r(percentile(ttfts, 50)), "ttft_p95_s": _r(percentile(ttfts, 95)),
+          "ttft_max_s": _r(max(ttfts) if ttfts else None),
+          "prompt_tokens": [r.get("prompt_tokens") for r in reqs],
+          "cached_tokens": [_cached(r) for r in reqs], "requests": reqs}
+    print("  round %d: %d/%d ok, TTFT p50 %s s p95 %s s (%.0f s)" % (
+        rnd + 1, rd["n_ok"], len(reqs), rd["ttft_p50_s"], rd["ttft_p95_s"], rd["wall_s"]), flush=True)
+    return rd
+
+
+def run_agents(engine, model_key, model_path, a, target, out=None):
+    sys_text, rounds, ctx = _agents_setup(model_key, a, target)
     out = _into(out, {"target_tokens": target, "system_chars": len(sys_text), "ctx": ctx, "np": a.np or "auto",
                       "rounds": [], "truncated": False})
     t_start = time.perf_counter()
@@ -94,35 +128,67 @@ def run_agents(engine, model_key, model_path, a, target, out=None):
         out["server"] = _server_record(engine, srv)
         out["warmup"] = _slim(_warmup(srv))
         for rnd in range(rounds):
-            t_round = time.perf_counter()
-
-            def agent_job(i, rnd=rnd):
-                recs = []
-                for j in range(per_round):
-                    step = rnd * per_round + j
-                    res = chat(srv.base, prompts.agent_messages(sys_text, i, step), max_tokens=a.max_tokens)
-                    rec = _slim(res)
-                    rec.update({"agent": i, "round": rnd, "step": step})
-                    recs.append(rec)
-                return recs
-
-            per_agent = run_concurrent([lambda i=i: agent_job(i) for i in range(n_agents)])
-            reqs = [r for recs in per_agent for r in (recs if isinstance(recs, list) else [recs])]
-            ttfts = [r["ttft_s"] for r in reqs if r.get("ttft_s") is not None]
-            rd = {"round": rnd, "wall_s": _r(time.perf_counter() - t_round, 2), "n_requests": len(reqs),
-                  "n_ok": sum(1 for r in reqs if r.get("ok")),
-                  "ttft_p50_s": _r(percentile(ttfts, 50)), "ttft_p95_s": _r(percentile(ttfts, 95)),
-                  "ttft_max_s": _r(max(ttfts) if ttfts else None),
-                  "prompt_tokens": [r.get("prompt_tokens") for r in reqs],
-                  "cached_tokens": [_cached(r) for r in reqs], "requests": reqs}
-            out["rounds"].append(rd)
-            print("  round %d: %d/%d ok, TTFT p50 %s s p95 %s s (%.0f s)" % (
-                rnd + 1, rd["n_ok"], len(reqs), rd["ttft_p50_s"], rd["ttft_p95_s"], rd["wall_s"]), flush=True)
+            out["rounds"].append(_agents_round(srv, sys_text, a, rnd))
             if a.budget_s and time.perf_counter() - t_start > a.budget_s and rnd + 1 < rounds:
                 out["truncated"] = "stopped after round %d: over --budget-s %d" % (rnd + 1, a.budget_s)
                 break
         out["memory_end"] = srv.memory(model_path)
     return out
+
+
+def run_agents_interleaved(engines, model_key, model_path, a, target, outs):
+    """`a.interleave` repetitions of the whole scenario, each on fresh servers (cold
+    caches) of every engine at once (idle ones wait on their sockets); within a
+    repetition each round runs on the engines back to back, in alternating order, so a
+    slow spell of the machine falls on both rounds of a pair. `outs[i]` receives one
+    variant record per repetition (key "rep")."""
+    sys_text, rounds, ctx = _agents_setup(model_key, a, target)
+    for rep in range(a.interleave):
+        with contextlib.ExitStack() as stack:
+            srvs = [stack.enter_context(e.server(model_path, ctx=ctx, parallel=a.np)) for e in engines]
+            vs = []
+            for e, srv, out in zip(engines, srvs, outs):
+                v = {"target_tokens": target, "system_chars": len(sys_text), "ctx": ctx,
+                     "np": a.np or "auto", "rounds": [], "truncated": False, "rep": rep,
+                     "server": _server_record(e, srv), "warmup": _slim(_warmup(srv))}
+                out.setdefault("variants", []).append(v)
+                vs.append(v)
+            for rnd in range(rounds):
+                order = list(range(len(engines)))
+                if (rep + rnd) % 2:
+                    order.reverse()
+                for i in order:
+                    print(" rep %d, %s:" % (rep + 1, engines[i].name), flush=True)
+                    vs[i]["rounds"].append(_agents_round(srvs[i], sys_text, a, rnd))
+            for v, srv in zip(vs, srvs):
+                v["memory_end"] = srv.memory(model_path)
+
+
+def _agents_ratios(result):
+    """Notes for interleaved runs: the second engine's TTFT p50 and p95 over the
+    first's, per round and repetition, and their medians."""
+    runs = result["runs"]
+    if len(runs) != 2 or not any("rep" in v for v in runs[0]["data"].get("variants", [])):
+        return []
+    notes = []
+    for key, what in (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("wall_s", "round wall")):
+        parts = []
+        n_rounds = max(len(v["rounds"]) for v in runs[0]["data"]["variants"])
+        for rnd in range(n_rounds):
+            rs = []
+            for va in runs[0]["data"]["variants"]:
+                for vb in runs[1]["data"]["variants"]:
+                    if va["rep"] == vb["rep"] and va["target_tokens"] == vb["target_tokens"] and \
+                            len(va["rounds"]) > rnd and len(vb["rounds"]) > rnd:
+                        x, y = va["rounds"][rnd].get(key), vb["rounds"][rnd].get(key)
+                        if x and y:
+                            rs.append(y / x)
+            if rs:
+                parts.append("round %d %s (median **%.2f**)" % (
+                    rnd + 1, ", ".join("%.2f" % r for r in rs), statistics.median(rs)))
+        notes.append("%s / %s, %s per repetition: %s." % (runs[1]["engine"], runs[0]["engine"], what,
+                                                           "; ".join(parts)))
+    return notes
 
 
 def summarize_agents(result):
@@ -132,15 +198,16 @@ def summarize_agents(result):
         for v in run["data"]["variants"]:
             by_variant.setdefault(v["target_tokens"], []).append((run, v))
     for target, items in sorted(by_variant.items()):
-        label = "agents-%s" % ("%.1fk" % (target / 1000) if target < 2000 else "%dk" % (target // 1000))
+        base = "agents-%s" % ("%.1fk" % (target / 1000) if target < 2000 else "%dk" % (target // 1000))
         prow = []
         for run, v in items:
-            eng = run["engine"]
+            rep = " rep %d" % (v["rep"] + 1) if "rep" in v else ""
+            label, eng = base + rep, run["engine"]
             p50 = [r["ttft_p50_s"] for r in v["rounds"]]
             p95 = [r["ttft_p95_s"] for r in v["rounds"]]
-            prow.append({"label": "%s p50" % eng, "engine": eng,
+            prow.append({"label": "%s%s p50" % (eng, rep), "engine": eng,
                          "points": [{"tag": "r%d" % (i + 1), "value": x} for i, x in enumerate(p50)]})
-            prow.append({"label": "%s p95" % eng, "engine": eng,
+            prow.append({"label": "%s%s p95" % (eng, rep), "engine": eng,
                          "points": [{"tag": "r%d" % (i + 1), "value": x} for i, x in enumerate(p95)]})
             sys_tokens = None
             if v["rounds"] and v["rounds"][0]["prompt_tokens"]:
@@ -156,11 +223,11 @@ def summarize_agents(result):
                 notes.append("%s %s: %s" % (label, eng, v["truncated"]))
             notes.append("%s %s: first request prompt %s tokens (system prompt + task), -c %s, -np %s" % (
                 label, eng, sys_tokens, v["ctx"], v["np"]))
-        panels.append({"title": "%s: TTFT per round (range over rounds)" % label, "unit": "s",
+        panels.append({"title": "%s: TTFT per round (range over rounds)" % base, "unit": "s",
                        "better": "lower", "rows": prow})
     table = {"header": ["variant", "model", "engine", "round", "TTFT p50 s", "TTFT p95 s", "TTFT max s", "ok",
                         "prompt tokens", "round wall s"], "rows": rows}
-    return {"panels": panels, "table": table, "notes": notes}
+    return {"panels": panels, "table": table, "notes": _agents_ratios(result) + notes}
 
 
 # ============================================================= startup-memory

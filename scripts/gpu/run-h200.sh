@@ -28,8 +28,9 @@
 #           serve --device cuda` on the 8B file, over HTTP like on the CPU (needs synth;
 #           the synthetic vocabulary merges only letter pairs, so prompt sizes are given
 #           at a third: ~3.4K "suite tokens" are ~10K tokens of this model, as the
-#           server-reported prompt tokens in the results show). Tempo9 only: the
-#           vendored llama.cpp source has no llama-server to build here
+#           server-reported prompt tokens in the results show). With .llama-server
+#           carried (prepare.sh), llama.cpp's llama-server runs the same scenarios on
+#           the same file and CUDA library, side by side
 #   stash   keeps the carried .gpu-model/N part (scripts/gpu/stage-model.sh) in /dev/shm,
 #           for a later call's `real`
 #   real    reassembles the staged real GGUF (all parts stashed; sha256 checked), then
@@ -219,11 +220,34 @@ if has suite; then
     # for its "qwen" key (chars-per-token calibration only; the server reports real counts).
     mkdir -p "$work/models" "$out/suite"
     ln -sf "$work/llama-8b-q4_k.gguf" "$work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    S="python3 $root/bench/suite/run.py --engines tempo9 --model qwen --models-dir $work/models
-       --tempo9 $T --tempo9-extra=--device=cuda --out-dir $out/suite"
+    engines=tempo9 lx=""
     note="H200, synthetic Llama-3.1-8B-shape Q4_K (random weights), Tempo9 on ggml's CUDA backend"
-    $S agents-10k --variant-tokens 3400 --rounds 2 --timeout-s 240 --note "$note" 2>&1 | tail -25
-    $S prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --note "$note" 2>&1 | tail -15
+    if [ -f "$root/.llama-server/bin.tar.xz" ]; then
+        # llama.cpp's llama-server (staged by prepare.sh) with the CUDA backend built
+        # from the same ggml source next to it: it loads it at start-up.
+        lb="$work/llama-bin"
+        mkdir -p "$lb" && tar -C "$lb" -xJf "$root/.llama-server/bin.tar.xz"
+        cp "$root/.gpu-carry/libggml-cuda.so" "$lb/"
+        cp "$root/.llama-server/build_info.json" "$work/" 2>/dev/null || true
+        if "$lb/llama-server" --list-devices 2>&1 | tee -a "$out/run.log" | grep -q CUDA0; then
+            export LLAMA_CPP_BIN_DIR="$lb"
+            engines=llamacpp,tempo9
+            # This llama-server is a CPU build: it loads other backends only when asked
+            # for a device by name (with a built-in backend, llama_backend_init skips
+            # ggml_backend_load_all).
+            lx="--device CUDA0"
+            note="$note; llama.cpp: llama-server of llama-cpp-bin $(cat "$root/.llama-server/VERSION" 2>/dev/null) with the same CUDA backend library, its defaults (all layers on the GPU) and --device CUDA0"
+        else
+            echo "llama-server does not see the GPU: Tempo9 only"
+        fi
+    fi
+    S=(python3 "$root/bench/suite/run.py" --engines "$engines" --model qwen --models-dir "$work/models"
+       --tempo9 "$T" --tempo9-extra=--device=cuda "--llama-extra=$lx" --out-dir "$out/suite")
+    # -c for llama.cpp: the four agents' histories (up to ~16K tokens each at round 2,
+    # ~3 tokens per suite token) in its one unified KV cache; Tempo9 takes it as the
+    # per-request limit.
+    "${S[@]}" agents-10k --variant-tokens 3400 --rounds 2 --ctx 73728 --timeout-s 330 --note "$note" 2>&1 | tail -25
+    "${S[@]}" prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --note "$note" 2>&1 | tail -15
 fi
 
 if has stash; then
