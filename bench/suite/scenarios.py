@@ -164,30 +164,37 @@ def run_agents_interleaved(engines, model_key, model_path, a, target, outs):
                 v["memory_end"] = srv.memory(model_path)
 
 
+def _agents_label(target):
+    """The table label of an agents variant: its system prompt size in suite tokens."""
+    return "agents-%s" % ("%.1fk" % (target / 1000) if target < 2000 else "%dk" % (target // 1000))
+
+
 def _agents_ratios(result):
-    """Notes for interleaved runs: the second engine's TTFT p50 and p95 over the
-    first's, per round and repetition, and their medians."""
+    """Notes for interleaved runs: the second engine's TTFT p50 and p95 and round wall
+    over the first's, per variant, round and repetition, and their medians."""
     runs = result["runs"]
     if len(runs) != 2 or not any("rep" in v for v in runs[0]["data"].get("variants", [])):
         return []
+    va_all, vb_all = runs[0]["data"]["variants"], runs[1]["data"]["variants"]
     notes = []
-    for key, what in (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("wall_s", "round wall")):
-        parts = []
-        n_rounds = max(len(v["rounds"]) for v in runs[0]["data"]["variants"])
-        for rnd in range(n_rounds):
-            rs = []
-            for va in runs[0]["data"]["variants"]:
-                for vb in runs[1]["data"]["variants"]:
-                    if va["rep"] == vb["rep"] and va["target_tokens"] == vb["target_tokens"] and \
-                            len(va["rounds"]) > rnd and len(vb["rounds"]) > rnd:
-                        x, y = va["rounds"][rnd].get(key), vb["rounds"][rnd].get(key)
-                        if x and y:
-                            rs.append(y / x)
-            if rs:
-                parts.append("round %d %s (median **%.2f**)" % (
-                    rnd + 1, ", ".join("%.2f" % r for r in rs), statistics.median(rs)))
-        notes.append("%s / %s, %s per repetition: %s." % (runs[1]["engine"], runs[0]["engine"], what,
-                                                           "; ".join(parts)))
+    for target in sorted({v["target_tokens"] for v in va_all}):
+        for key, what in (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("wall_s", "round wall")):
+            parts = []
+            n_rounds = max(len(v["rounds"]) for v in va_all if v["target_tokens"] == target)
+            for rnd in range(n_rounds):
+                rs = []
+                for va in va_all:
+                    for vb in vb_all:
+                        if va["rep"] == vb["rep"] and va["target_tokens"] == vb["target_tokens"] == target and \
+                                len(va["rounds"]) > rnd and len(vb["rounds"]) > rnd:
+                            x, y = va["rounds"][rnd].get(key), vb["rounds"][rnd].get(key)
+                            if x and y:
+                                rs.append(y / x)
+                if rs:
+                    parts.append("round %d %s (median **%.2f**)" % (
+                        rnd + 1, ", ".join("%.2f" % r for r in rs), statistics.median(rs)))
+            notes.append("%s: %s / %s, %s per repetition: %s." % (
+                _agents_label(target), runs[1]["engine"], runs[0]["engine"], what, "; ".join(parts)))
     return notes
 
 
@@ -198,7 +205,7 @@ def summarize_agents(result):
         for v in run["data"]["variants"]:
             by_variant.setdefault(v["target_tokens"], []).append((run, v))
     for target, items in sorted(by_variant.items()):
-        base = "agents-%s" % ("%.1fk" % (target / 1000) if target < 2000 else "%dk" % (target // 1000))
+        base = _agents_label(target)
         prow = []
         for run, v in items:
             rep = " rep %d" % (v["rep"] + 1) if "rep" in v else ""

@@ -246,8 +246,16 @@ if has suite; then
     # -c for llama.cpp: the four agents' histories (up to ~16K tokens each at round 2,
     # ~3 tokens per suite token) in its one unified KV cache; Tempo9 takes it as the
     # per-request limit.
-    "${S[@]}" agents-10k --variant-tokens 3400 --rounds 2 --ctx 73728 --timeout-s 330 --note "$note" 2>&1 | tail -25
-    "${S[@]}" prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --note "$note" 2>&1 | tail -15
+    # SUITE_VARIANTS: system prompt sizes in suite tokens (500 ~ 1.5K, 3400 ~ 10K tokens
+    # of this model); SUITE_INTERLEAVE=N: N repetitions, rounds back to back (run.py
+    # --interleave); SUITE_SCENARIO: the result name (agents-10k, or agents for both
+    # sizes); SUITE_PREFIX=0 skips prefix-hit.
+    "${S[@]}" "${SUITE_SCENARIO:-agents-10k}" --variant-tokens "${SUITE_VARIANTS:-3400}" --rounds 2 --ctx 73728 \
+        --interleave "${SUITE_INTERLEAVE:-0}" --timeout-s "${SUITE_TIMEOUT:-330}" --tag "${SUITE_TAG:-}" \
+        --note "$note" 2>&1 | tail -30
+    if [ "${SUITE_PREFIX:-1}" != 0 ]; then
+        "${S[@]}" prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --note "$note" 2>&1 | tail -15
+    fi
 fi
 
 if has stash; then
