@@ -354,4 +354,9 @@ def make_engines(names, a):
         except EngineUnavailable as e:
             skipped[n] = str(e)
             print("warning: %s" % e, file=sys.stderr)
+    for i, args in enumerate(getattr(a, "tempo9_variant", None) or []):
+        # Another Tempo9 server with more flags: A/B runs of a setting (with --interleave).
+        t = Tempo9(a.tempo9, extra=a.tempo9_extra + " " + args)
+        t.name, t.key = "Tempo9 [%s]" % args, "tempo9v%d" % (i + 1)
+        engines.append(t)
     return engines, skipped

@@ -65,6 +65,8 @@ def parse_args(argv=None):
     ap.add_argument("--models-dir", default=os.path.expanduser("~/.cache/tempo9/models"))
     ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
     ap.add_argument("--tempo9-extra", default="", help="extra args for the Tempo9 server")
+    ap.add_argument("--tempo9-variant", action="append", default=[], metavar="ARGS",
+                    help="also run a Tempo9 server with these extra args (repeatable; an A/B of a setting)")
     ap.add_argument("--llama-extra", default="", help="extra args for llama-server (recorded; default none)")
     ap.add_argument("--llama-quiet", action="store_true",
                     help="do not pass -lv 4 to llama-server (then its log omits prompt-cache/--fit decisions)")
