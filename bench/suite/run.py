@@ -297,40 +297,37 @@ def main(argv=None):
         result["note"] = a.note
     if scen in WHY_MODEL and not a.model:
         result["model_note"] = "%s by default: %s." % (models[0], WHY_MODEL[scen])
-    run = None
+    open_runs = []  # runs measuring now: closed when done, or on an interruption
+
+    def new_run(eng, model):
+        run = {"engine": eng.name, "engine_key": eng.key, "model": model, "data": {},
+               "_t": time.perf_counter(), "_snap": _cpu_snapshot()}
+        result["runs"].append(run)
+        open_runs.append(run)
+        return run
+
+    def close_runs():
+        while open_runs:
+            _close_run(open_runs.pop(0))
+
     try:
         for model in models:
             path = os.path.join(a.models_dir, MODELS[model])
-            if scen.startswith("agents") and a.interleave:
+            if a.interleave and (scen == "throughput" or scen.startswith("agents")):
                 print("[%s] %s on %s, interleaved x%d" % (
                     scen, " and ".join(e.name for e in engines), model, a.interleave), flush=True)
-                runs = [{"engine": e.name, "engine_key": e.key, "model": model, "data": {"variants": []},
-                         "_t": time.perf_counter(), "_snap": _cpu_snapshot()} for e in engines]
-                result["runs"] += runs
-                for t in _agents_targets(scen, a):
-                    print(" variant ~%d-token system prompt" % t, flush=True)
-                    sc.run_agents_interleaved(engines, model, path, a, t, [r["data"] for r in runs])
-                for r in runs:
-                    _close_run(r)
-                continue
-            if scen == "throughput" and a.interleave:
-                print("[%s] %s on %s, interleaved x%d" % (
-                    scen, " and ".join(e.name for e in engines), model, a.interleave), flush=True)
-                runs = [{"engine": e.name, "engine_key": e.key, "model": model, "data": {},
-                         "_t": time.perf_counter(), "_snap": _cpu_snapshot()} for e in engines]
-                result["runs"] += runs
-                sc.run_throughput_interleaved(engines, model, path, a, [r["data"] for r in runs])
-                for r in runs:
-                    _close_run(r)
+                outs = [new_run(e, model)["data"] for e in engines]
+                if scen == "throughput":
+                    sc.run_throughput_interleaved(engines, model, path, a, outs)
+                else:
+                    for t in _agents_targets(scen, a):
+                        print(" variant ~%d-token system prompt" % t, flush=True)
+                        sc.run_agents_interleaved(engines, model, path, a, t, outs)
+                close_runs()
                 continue
             for eng in engines:
                 print("[%s] %s on %s" % (scen, eng.name, model), flush=True)
-                t_run = time.perf_counter()
-                snap = _cpu_snapshot()
-                data = {}
-                run = {"engine": eng.name, "engine_key": eng.key, "model": model, "data": data,
-                       "_t": t_run, "_snap": snap}
-                result["runs"].append(run)
+                data = new_run(eng, model)["data"]
                 if scen.startswith("agents"):
                     data["variants"] = []
                     for t in _agents_targets(scen, a):
@@ -340,13 +337,11 @@ def main(argv=None):
                         sc.run_agents(eng, model, path, a, t, out=v)
                 else:
                     getattr(sc, "run_" + scen.replace("-", "_"))(eng, model, path, a, out=data)
-                _close_run(run)
-                run = None
+                close_runs()
     except (SystemExit, KeyboardInterrupt) as e:
         result["interrupted"] = str(e) or type(e).__name__
         print("interrupted: %s; writing partial results" % result["interrupted"], file=sys.stderr)
-        if run is not None:
-            _close_run(run)
+        close_runs()
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     result["duration_s"] = round(time.perf_counter() - t0, 1)
     result["host"]["loadavg_end"] = os.getloadavg()

@@ -143,6 +143,8 @@ def run_agents_interleaved(engines, model_key, model_path, a, target, outs):
     slow spell of the machine falls on both rounds of a pair. `outs[i]` receives one
     variant record per repetition (key "rep")."""
     sys_text, rounds, ctx = _agents_setup(model_key, a, target)
+    for out in outs:
+        out.setdefault("variants", [])
     for rep in range(a.interleave):
         with contextlib.ExitStack() as stack:
             srvs = [stack.enter_context(e.server(model_path, ctx=ctx, parallel=a.np)) for e in engines]
@@ -151,7 +153,7 @@ def run_agents_interleaved(engines, model_key, model_path, a, target, outs):
                 v = {"target_tokens": target, "system_chars": len(sys_text), "ctx": ctx,
                      "np": a.np or "auto", "rounds": [], "truncated": False, "rep": rep,
                      "server": _server_record(e, srv), "warmup": _slim(_warmup(srv))}
-                out.setdefault("variants", []).append(v)
+                out["variants"].append(v)
                 vs.append(v)
             for rnd in range(rounds):
                 order = list(range(len(engines)))
@@ -193,8 +195,9 @@ def _agents_ratios(result):
                 if rs:
                     parts.append("round %d %s (median **%.2f**)" % (
                         rnd + 1, ", ".join("%.2f" % r for r in rs), statistics.median(rs)))
-            notes.append("%s: %s / %s, %s per repetition: %s." % (
-                _agents_label(target), runs[1]["engine"], runs[0]["engine"], what, "; ".join(parts)))
+            if parts:
+                notes.append("%s: %s / %s, %s per repetition: %s." % (
+                    _agents_label(target), runs[1]["engine"], runs[0]["engine"], what, "; ".join(parts)))
     return notes
 
 

