@@ -177,21 +177,17 @@ def _agents_ratios(result):
     runs = result["runs"]
     if len(runs) != 2 or not any("rep" in v for v in runs[0]["data"].get("variants", [])):
         return []
-    va_all, vb_all = runs[0]["data"]["variants"], runs[1]["data"]["variants"]
+    b_of = {(v["target_tokens"], v["rep"]): v for v in runs[1]["data"]["variants"]}
+    pairs = [(va, b_of[(va["target_tokens"], va["rep"])]) for va in runs[0]["data"]["variants"]
+             if (va["target_tokens"], va["rep"]) in b_of]
     notes = []
-    for target in sorted({v["target_tokens"] for v in va_all}):
+    for target in sorted({va["target_tokens"] for va, _ in pairs}):
         for key, what in (("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("wall_s", "round wall")):
             parts = []
-            n_rounds = max(len(v["rounds"]) for v in va_all if v["target_tokens"] == target)
-            for rnd in range(n_rounds):
-                rs = []
-                for va in va_all:
-                    for vb in vb_all:
-                        if va["rep"] == vb["rep"] and va["target_tokens"] == vb["target_tokens"] == target and \
-                                len(va["rounds"]) > rnd and len(vb["rounds"]) > rnd:
-                            x, y = va["rounds"][rnd].get(key), vb["rounds"][rnd].get(key)
-                            if x and y:
-                                rs.append(y / x)
+            for rnd in range(max(len(va["rounds"]) for va, _ in pairs if va["target_tokens"] == target)):
+                rs = [vb["rounds"][rnd][key] / va["rounds"][rnd][key] for va, vb in pairs
+                      if va["target_tokens"] == target and len(va["rounds"]) > rnd and len(vb["rounds"]) > rnd
+                      and va["rounds"][rnd].get(key) and vb["rounds"][rnd].get(key)]
                 if rs:
                     parts.append("round %d %s (median **%.2f**)" % (
                         rnd + 1, ", ".join("%.2f" % r for r in rs), statistics.median(rs)))
