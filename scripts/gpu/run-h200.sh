@@ -22,6 +22,11 @@
 #           ncu-steps.py --by-step)
 #   depth   decode at a 10K-token context, Tempo9 and llama-bench (-d 10240)
 #   prefix  prefix hit at a 10K-token shared prefix (bench --streams 1,8 --shared-prefix 10240)
+#   cold    cold prefill of a 10K-token prompt: in the engine with COLD_STEPS chunk sizes
+#           (default 512 2048; the step and forward logs come back in cold-logs.tar.gz), and over
+#           HTTP (scripts/gpu/cold-http.py: a fresh server's first long prompt, a second
+#           one, a warm one; llama-server too when carried; COLD_VARIANTS: Tempo9 flag sets,
+#           `;`-separated)
 #   offload partial offload (--gpu-layers): greedy tokens vs CPU and vs the whole
 #           model on the GPU (135m, 0.5b), and 8B speed with half the layers on the GPU
 #   suite   the benchmark suite's agents-10k and prefix-hit scenarios against `tempo9
@@ -202,6 +207,30 @@ if has prefix; then
         | tee -a "$out/results.jsonl"
 fi
 
+if has cold; then
+    say cold
+    logs="$work/cold-logs"
+    mkdir -p "$logs"
+    for st in ${COLD_STEPS:-512 2048}; do
+        TEMPO9_LOG=info,tempo9_engine=debug,tempo9_models=debug $T bench --gguf "$work/llama-8b-q4_k.gguf" \
+            --device cuda --streams 1 --stream-prompt 10240 --tg 4 --step-tokens "$st" --solo-step-tokens "$st" 2>"$logs/cold-$st.log" \
+            | sed "s/^{/{\"variant\":\"cold-step$st\",/" | tee -a "$out/results.jsonl"
+    done
+    if [ -f "$root/.llama-server/bin.tar.xz" ]; then
+        lb="$work/llama-bin"
+        mkdir -p "$lb" && tar -C "$lb" -xJf "$root/.llama-server/bin.tar.xz"
+        cp "$root/.gpu-carry/libggml-cuda.so" "$lb/"
+        export LLAMA_CPP_BIN_DIR="$lb"
+    fi
+    IFS=';' read -ra cv <<<"${COLD_VARIANTS:-}"
+    vx=(); for v in "${cv[@]}"; do vx+=("--tempo9-extra=--device=cuda $v"); done
+    [ ${#vx[@]} = 0 ] && vx=("--tempo9-extra=--device=cuda")
+    TEMPO9_LOG=info,tempo9_engine=debug,tempo9_models=debug python3 "$root/scripts/gpu/cold-http.py" \
+        --log-dir "$logs" --model "$work/llama-8b-q4_k.gguf" --tempo9 "$T" \
+        --llama-extra "--device CUDA0" "${vx[@]}" 2>&1 | tee -a "$out/cold-http.jsonl"
+    tar -C "$work" -czf "$out/cold-logs.tar.gz" cold-logs
+fi
+
 if has offload; then
     say offload
     for mg in llama-135m-q4_k:15 qwen2-0.5b-q4_k:12 llama-135m-q4_k:0; do
@@ -249,12 +278,13 @@ if has suite; then
     # SUITE_VARIANTS: system prompt sizes in suite tokens (500 ~ 1.5K, 3400 ~ 10K tokens
     # of this model); SUITE_INTERLEAVE=N: N repetitions, rounds back to back (run.py
     # --interleave); SUITE_SCENARIO: the result name (agents-10k, or agents for both
-    # sizes); SUITE_PREFIX=0 skips prefix-hit.
-    "${S[@]}" "${SUITE_SCENARIO:-agents-10k}" --variant-tokens "${SUITE_VARIANTS:-3400}" --rounds 2 --ctx 73728 \
+    # sizes; none: no agents run); SUITE_PREFIX=0 skips prefix-hit; SUITE_TAG tags both.
+    [ "${SUITE_SCENARIO:-}" = none ] || "${S[@]}" "${SUITE_SCENARIO:-agents-10k}" --variant-tokens "${SUITE_VARIANTS:-3400}" --rounds 2 --ctx 73728 \
         --interleave "${SUITE_INTERLEAVE:-0}" --timeout-s "${SUITE_TIMEOUT:-330}" --tag "${SUITE_TAG:-}" \
         --note "$note" 2>&1 | tail -30
     if [ "${SUITE_PREFIX:-1}" != 0 ]; then
-        "${S[@]}" prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --note "$note" 2>&1 | tail -15
+        "${S[@]}" prefix-hit --prefix-sizes 3400 --ctx 16384 --timeout-s 150 --tag "${SUITE_TAG:-}" \
+            --note "$note" 2>&1 | tail -15
     fi
 fi
 

@@ -72,7 +72,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .iter()
         .map(|(k, v)| (k.clone(), json!(v)))
         .collect();
-    let mut cfg = a.model.engine_config()?;
+    let mut cfg = a.model.engine_config(&model)?;
     if !a.streams.is_empty() {
         for (i, &n) in a.streams.iter().enumerate() {
             let mut r = crate::streams::run(

@@ -100,7 +100,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
     let template =
         ChatTemplate::for_model(model.gguf(), &tok).context("reading the chat template")?;
-    let engine = EngineCore::new(model, tok.clone(), a.model.engine_config()?)?;
+    let cfg = a.model.engine_config(&model)?;
+    let engine = EngineCore::new(model, tok.clone(), cfg)?;
     let sampling = SamplingParams {
         temperature: a.temperature,
         top_p: a.top_p,

@@ -67,11 +67,12 @@ fn generate(
     prompts: &[Vec<u32>],
     batched: bool,
 ) -> Result<Vec<GenOutput>> {
-    let mut cfg = a.model.engine_config()?;
+    let mut cfg = a.model.engine_config(model)?;
     cfg.max_running = prompts.len().max(1);
     // At most about two prompt chunks per step: every sequence in a step adds its
     // own matmuls, and the step graph's node budget is sized for few of them.
     cfg.step_tokens = 64;
+    cfg.solo_step_tokens = 64;
     let mut engine = EngineCore::new(model.clone(), tok.clone(), cfg)?;
     let request = |p: &Vec<u32>| {
         let mut r = Request::new(p.clone(), a.tokens);

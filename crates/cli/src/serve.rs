@@ -149,7 +149,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         });
     let model = crate::load_model(&gguf, &a.model.device)?;
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
-    let mut engine_cfg = a.model.engine_config()?;
+    let mut engine_cfg = a.model.engine_config(&model)?;
     engine_cfg.max_waiting = a.max_waiting.max(1);
     let handle = Engine::start(model, tok, engine_cfg).context("starting the engine")?;
     let config = ServerConfig {

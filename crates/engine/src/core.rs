@@ -94,6 +94,12 @@ pub struct EngineConfig {
     /// prompt's last piece, which must not be split below [`CHUNK_ALIGN`] tokens, may
     /// exceed what is left of it by less than [`CHUNK_ALIGN`].
     pub step_tokens: usize,
+    /// Prompt tokens in one step while a single request runs and none waits (at
+    /// least `step_tokens`): nobody's tokens wait on a longer step then, and on a GPU
+    /// larger chunks cost less per token (each step builds a graph and a mask at the
+    /// prompt's depth). While several prompts share the steps, `step_tokens`-sized
+    /// chunks let the shorter ones finish first rather than all at a long step's end.
+    pub solo_step_tokens: usize,
     /// While some requests are decoding, prompt chunks shrink (to no fewer than
     /// [`CHUNK_ALIGN`] tokens) so that a step takes about this long, measured from
     /// recent steps: a long prompt arriving on a slow machine then delays the others'
@@ -119,6 +125,7 @@ impl Default for EngineConfig {
             max_running: 64,
             max_waiting: 1024,
             step_tokens: 512,
+            solo_step_tokens: 512,
             itl_target: Some(std::time::Duration::from_millis(500)),
             max_context: None,
             policy: Policy::Fcfs,
@@ -439,6 +446,40 @@ pub struct EngineCore {
     compute_bytes_logged: usize,
     /// When the engine started: the origin of [`Rank::arrived_us`].
     epoch: std::time::Instant,
+    /// Memory of earlier steps' masks, for the next steps' (see [`MaskBuffers`]).
+    mask_buffers: MaskBuffers,
+}
+
+/// Attention-mask memory handed from step to step: a prompt chunk's mask at depth is
+/// megabytes (512 rows at 10K cells: 10 MB), and building it in fresh memory every
+/// step cost more in page faults than the writing itself (most of a GPU step's host
+/// time at depth).
+#[derive(Default)]
+struct MaskBuffers(Vec<Vec<u16>>);
+
+impl MaskBuffers {
+    /// Buffers kept at most (a step with many decode rows hands back one each).
+    const KEEP: usize = 64;
+
+    /// The smallest kept buffer that holds `len` cells, else the largest (it grows).
+    fn take(&mut self, len: usize) -> Vec<u16> {
+        let fits = (0..self.0.len())
+            .filter(|&i| self.0[i].capacity() >= len)
+            .min_by_key(|&i| self.0[i].capacity());
+        let pick = fits.or_else(|| (0..self.0.len()).max_by_key(|&i| self.0[i].capacity()));
+        pick.map_or_else(Vec::new, |i| self.0.swap_remove(i))
+    }
+
+    /// Keeps the masks of a step that has run.
+    fn give_back(&mut self, batch: StepBatch) {
+        for s in batch.seqs {
+            for m in std::iter::once(s.mask).chain(s.mask_swa) {
+                if self.0.len() < Self::KEEP {
+                    self.0.push(m);
+                }
+            }
+        }
+    }
 }
 
 impl EngineCore {
@@ -516,6 +557,7 @@ impl EngineCore {
             stats: EngineStats::default(),
             token_cost_s: None,
             epoch: std::time::Instant::now(),
+            mask_buffers: MaskBuffers::default(),
         })
     }
 
@@ -743,6 +785,7 @@ impl EngineCore {
             step_ms = step_s * 1e3,
             "step"
         );
+        self.mask_buffers.give_back(batch);
         Ok(true)
     }
 
@@ -842,14 +885,19 @@ impl EngineCore {
         }
     }
 
-    /// Prompt tokens this step may compute: `step_tokens`, or while some request is
-    /// decoding, what fits the ITL target at the recent cost per token (a multiple of
+    /// Prompt tokens this step may compute: `step_tokens` (`solo_step_tokens` while
+    /// one request runs alone), or while some request is decoding, what fits the ITL target at the recent cost per token (a multiple of
     /// [`CHUNK_ALIGN`], at least one). The target is per decoding request: when more
     /// requests wait for their prompts than are decoding (many arriving at once), it
     /// grows in proportion, since holding the prompts back would then cost more
     /// requests more time than it saves the decoders.
     fn prompt_budget(&self) -> usize {
-        let full = self.config.step_tokens;
+        let solo = self.running.len() == 1 && self.waiting.is_empty() && self.loading.is_empty();
+        let full = if solo {
+            self.config.solo_step_tokens.max(self.config.step_tokens)
+        } else {
+            self.config.step_tokens
+        };
         let decoding = self
             .running
             .iter()
@@ -1174,7 +1222,7 @@ impl EngineCore {
 
     /// The step's batch, in `work`'s order: decodes first (they share matmuls),
     /// then prompt chunks.
-    fn assemble(&self, work: &[Work]) -> StepBatch {
+    fn assemble(&mut self, work: &[Work]) -> StepBatch {
         let ps = self.pool.page_size();
         let n_cells = self.kv.n_cells();
         let swa = self.model.hparams().swa_window;
@@ -1207,8 +1255,10 @@ impl EngineCore {
                     _ => window.push(CellRun { start: 0, len: pad }),
                 }
             }
-            let mut mask = MaskBuilder::new(n_kv, n_rows);
-            let mut mask_swa = swa.map(|_| MaskBuilder::new(n_kv, n_rows));
+            let len = n_kv * n_rows;
+            let mut mask = MaskBuilder::reusing(self.mask_buffers.take(len), n_kv, n_rows);
+            let mut mask_swa =
+                swa.map(|_| MaskBuilder::reusing(self.mask_buffers.take(len), n_kv, n_rows));
             for (r, pos) in (w.start..w.end).enumerate() {
                 b.tokens.push(s.tokens[pos]);
                 b.positions.push(pos as i32);

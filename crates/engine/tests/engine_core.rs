@@ -440,6 +440,63 @@ fn long_prefill_does_not_stall_decodes() {
     }
 }
 
+/// Steps until every stream has its first token.
+fn steps_to_first_tokens(eng: &mut EngineCore, streams: &mut [RequestStream]) -> usize {
+    let mut got = vec![false; streams.len()];
+    let mut steps = 0;
+    while !got.iter().all(|&g| g) {
+        eng.step().unwrap();
+        steps += 1;
+        for (g, s) in got.iter_mut().zip(streams.iter_mut()) {
+            *g |= matches!(s.try_recv(), Some(Event::Token(_)));
+        }
+    }
+    steps
+}
+
+#[test]
+fn a_prompt_alone_takes_solo_steps() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else {
+        return;
+    };
+    let engine = |solo_step_tokens| {
+        let cfg = EngineConfig {
+            step_tokens: 128,
+            solo_step_tokens,
+            itl_target: None,
+            ..config(256 << 20)
+        };
+        EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine")
+    };
+    let prompt = |k: u32| {
+        (0..1000u32)
+            .map(|i| 100 + (i * 7 + k) % 5000)
+            .collect::<Vec<u32>>()
+    };
+    // Alone: 512-token steps (2 for 1000 tokens) instead of 128-token ones (8), and
+    // the same greedy tokens either way.
+    let mut outs = Vec::new();
+    for (solo, want) in [(512, 2), (128, 8)] {
+        let mut eng = engine(solo);
+        let mut s = [eng.submit(greedy(prompt(0), 8)).unwrap()];
+        assert_eq!(steps_to_first_tokens(&mut eng, &mut s), want, "solo {solo}");
+        eng.run_until_idle().unwrap();
+        let [mut s] = s;
+        outs.push(collect(&mut s).tokens);
+    }
+    assert_eq!(outs[0], outs[1]);
+    // Two prompts together: 128-token steps, the solo size only once one is done.
+    let mut eng = engine(512);
+    let mut two = [
+        eng.submit(greedy(prompt(1), 8)).unwrap(),
+        eng.submit(greedy(prompt(2), 8)).unwrap(),
+    ];
+    let steps = steps_to_first_tokens(&mut eng, &mut two);
+    assert!(steps >= 15, "two prompts took {steps} steps");
+    eng.run_until_idle().unwrap();
+}
+
 #[test]
 fn requests_arriving_together_compute_a_shared_prefix_once() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -95,6 +95,20 @@ impl Context {
         self.ptr.as_ptr()
     }
 
+    /// The context's tensors marked as graph inputs ([`Context::new_input`]).
+    pub(crate) fn input_tensors(&self) -> Vec<Tensor<'_>> {
+        let mut out = Vec::new();
+        // SAFETY: walks the live context's tensor list; each pointer is a tensor of it.
+        let mut t = unsafe { sys::ggml_get_first_tensor(self.raw()) };
+        while let Some(p) = NonNull::new(t) {
+            if unsafe { p.as_ref() }.flags & sys::GGML_TENSOR_FLAG_INPUT as i32 != 0 {
+                out.push(self.wrap(p.as_ptr()));
+            }
+            t = unsafe { sys::ggml_get_next_tensor(self.raw(), p.as_ptr()) };
+        }
+        out
+    }
+
     fn wrap(&self, t: *mut sys::ggml_tensor) -> Tensor<'_> {
         Tensor {
             ptr: NonNull::new(t).expect("ggml returned a null tensor (context full?)"),
@@ -779,7 +793,7 @@ pub struct KeptGraph {
     /// Tensors of `ctx` the caller addresses later (inputs, outputs), by index.
     tensors: Vec<NonNull<sys::ggml_tensor>>,
     // Holds `graph` and `tensors`.
-    _ctx: Context,
+    ctx: Context,
     // What the graph reads besides its own tensors (boxed: its address is stable).
     _deps: Box<dyn std::any::Any + Send + Sync>,
 }
@@ -809,11 +823,16 @@ impl KeptGraph {
             KeptGraph {
                 graph,
                 tensors,
-                _ctx: ctx,
+                ctx,
                 _deps: deps,
             },
             out,
         ))
+    }
+
+    /// The context the graph was built in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
     }
 
     /// The kept graph.

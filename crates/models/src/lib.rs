@@ -487,14 +487,17 @@ impl Model {
         let ops = attn::plan(batch, kv.n_cells(), cpu);
         let shape = StepShape::of(self, kv, batch, &ops, greedy);
         let Executor { sched, kept, built } = exec;
-        if kept.as_ref().is_none_or(|k| k.shape != shape) {
+        let t0 = std::time::Instant::now();
+        let rebuilt = kept.as_ref().is_none_or(|k| k.shape != shape);
+        if rebuilt {
             // Free the old graph's context before building the next.
             *kept = None;
             *kept = Some(self.build(sched, kv, batch, &ops, shape)?);
             *built += 1;
         }
+        let build_ms = t0.elapsed().as_secs_f64() * 1e3;
         let step = kept.as_ref().expect("built above");
-        let result = self.run(sched, step, batch, &ops);
+        let result = self.run(sched, step, batch, &ops, build_ms);
         if result.is_err() {
             // The scheduler may be half-way through it: build afresh next time.
             *kept = None;
@@ -624,7 +627,7 @@ impl Model {
         // Nodes (at most `nodes`, the graph's capacity) plus leafs (weights, inputs;
         // fewer than the nodes): ggml's scheduler tables hold both.
         sched.reserve(2 * nodes)?;
-        sched.alloc(&graph.graph())?;
+        sched.alloc_with_inputs(graph.context(), &graph.graph())?;
         Ok(StepGraph { shape, graph, ins })
     }
 
@@ -636,7 +639,9 @@ impl Model {
         step: &StepGraph,
         batch: &StepBatch,
         ops: &[attn::AttnOp<'_>],
+        build_ms: f64,
     ) -> Result<StepOutput, ModelError> {
+        let t0 = std::time::Instant::now();
         let (g, ins) = (&step.graph, &step.ins);
         let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
         g.tensor(ins.tokens).write(&toks)?;
@@ -673,7 +678,20 @@ impl Model {
         for (t, rows) in &ins.window_rows {
             g.tensor(*t).write(rows)?;
         }
+        let t1 = std::time::Instant::now();
         sched.compute(&g.graph())?;
+        let t2 = std::time::Instant::now();
+        // Where the model's part of a step goes (with the engine's `step` line): graph
+        // build and allocation (0 when the last graph was reused), writing the inputs
+        // (token ids, masks), computing (device time plus the wait for it).
+        tracing::debug!(
+            rows = batch.tokens.len(),
+            ops = ops.len(),
+            build_ms,
+            inputs_ms = (t1 - t0).as_secs_f64() * 1e3,
+            compute_ms = (t2 - t1).as_secs_f64() * 1e3,
+            "forward"
+        );
         let n_out = batch.output_rows.len();
         if step.shape.greedy {
             let mut ids = vec![0i32; n_out];
