@@ -90,9 +90,9 @@ pub struct ModelArgs {
     /// this size while other requests keep decoding.
     #[arg(long, value_name = "N", default_value_t = 512)]
     pub step_tokens: usize,
-    /// Most prompt tokens in one step while a single request runs and none waits
-    /// (default: `--step-tokens` on the CPU, 2048 on a GPU, where larger chunks
-    /// prefill a long prompt faster).
+    /// Most prompt tokens in one step while a single request runs and no other
+    /// waits but for the prefix it is computing (default: `--step-tokens` on the
+    /// CPU, 2048 on a GPU, where larger chunks prefill a long prompt faster).
     #[arg(long, value_name = "N")]
     pub solo_step_tokens: Option<usize>,
     /// While requests are decoding, shrink prompt chunks (down to 64 tokens) so a

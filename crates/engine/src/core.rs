@@ -94,8 +94,10 @@ pub struct EngineConfig {
     /// prompt's last piece, which must not be split below [`CHUNK_ALIGN`] tokens, may
     /// exceed what is left of it by less than [`CHUNK_ALIGN`].
     pub step_tokens: usize,
-    /// Prompt tokens in one step while a single request runs and none waits (at
-    /// least `step_tokens`): nobody's tokens wait on a longer step then, and on a GPU
+    /// Prompt tokens in one step while a single request runs and no other waits but
+    /// for the prefix it is computing (at least `step_tokens`): nobody's tokens wait
+    /// on a longer step then (agents arriving together with one system prompt wait
+    /// for the first one's prefix either way), and on a GPU
     /// larger chunks cost less per token (each step builds a graph and a mask at the
     /// prompt's depth). While several prompts share the steps, `step_tokens`-sized
     /// chunks let the shorter ones finish first rather than all at a long step's end.
@@ -448,6 +450,10 @@ pub struct EngineCore {
     epoch: std::time::Instant,
     /// Memory of earlier steps' masks, for the next steps' (see [`MaskBuffers`]).
     mask_buffers: MaskBuffers,
+    /// Set by [`Self::admit`]: every request left waiting waits for a prefix that a
+    /// running request is computing (or none waits), so none could run sooner if
+    /// that one's steps were shorter (see [`EngineConfig::solo_step_tokens`]).
+    waiting_on_prefix_only: bool,
 }
 
 /// Attention-mask memory handed from step to step: a prompt chunk's mask at depth is
@@ -558,6 +564,7 @@ impl EngineCore {
             token_cost_s: None,
             epoch: std::time::Instant::now(),
             mask_buffers: MaskBuffers::default(),
+            waiting_on_prefix_only: true,
         })
     }
 
@@ -892,7 +899,8 @@ impl EngineCore {
     /// grows in proportion, since holding the prompts back would then cost more
     /// requests more time than it saves the decoders.
     fn prompt_budget(&self) -> usize {
-        let solo = self.running.len() == 1 && self.waiting.is_empty() && self.loading.is_empty();
+        let solo =
+            self.running.len() == 1 && self.waiting_on_prefix_only && self.loading.is_empty();
         let full = if solo {
             self.config.solo_step_tokens.max(self.config.step_tokens)
         } else {
@@ -1163,7 +1171,14 @@ impl EngineCore {
         let policy = self.config.policy;
         let cost = self.cost_us();
         self.waiting.sort_by_key(|s| sort_key(policy, s, cost));
-        while self.running.len() + self.loading.len() < self.config.max_running {
+        // Until a request that could run is held back (by the running limit or
+        // memory), everything left waiting waits for an in-flight prefix.
+        self.waiting_on_prefix_only = true;
+        loop {
+            if self.running.len() + self.loading.len() >= self.config.max_running {
+                self.waiting_on_prefix_only = self.waiting.is_empty();
+                break;
+            }
             // The first request in policy order that is not waiting for a prefix
             // another request is computing right now.
             let Some((i, usable)) = self.waiting.iter().enumerate().find_map(|(i, w)| {
@@ -1194,6 +1209,7 @@ impl EngineCore {
                     self.end(s, FinishReason::ContextFull);
                     continue;
                 }
+                self.waiting_on_prefix_only = false;
                 break;
             }
             let mut s = self.waiting.remove(i);

@@ -495,6 +495,20 @@ fn a_prompt_alone_takes_solo_steps() {
     let steps = steps_to_first_tokens(&mut eng, &mut two);
     assert!(steps >= 15, "two prompts took {steps} steps");
     eng.run_until_idle().unwrap();
+    // Three arriving together with one 1000-token prefix: the two that wait for the
+    // first one's prefix do not keep it from solo steps (2), then both tails (1).
+    let mut eng = engine(512);
+    let shared = |k: u32| {
+        let mut p = prompt(3);
+        p.extend((0..40u32).map(|i| 200 + k * 50 + i));
+        p
+    };
+    let mut three: Vec<RequestStream> = (0..3)
+        .map(|k| eng.submit(greedy(shared(k), 8)).unwrap())
+        .collect();
+    let steps = steps_to_first_tokens(&mut eng, &mut three);
+    assert!(steps <= 4, "a shared prefix took {steps} steps");
+    eng.run_until_idle().unwrap();
 }
 
 #[test]
