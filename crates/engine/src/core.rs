@@ -97,10 +97,10 @@ pub struct EngineConfig {
     /// Prompt tokens in one step while a single request runs and no other waits but
     /// for the prefix it is computing (at least `step_tokens`): nobody's tokens wait
     /// on a longer step then (agents arriving together with one system prompt wait
-    /// for the first one's prefix either way), and on a GPU
-    /// larger chunks cost less per token (each step builds a graph and a mask at the
-    /// prompt's depth). While several prompts share the steps, `step_tokens`-sized
-    /// chunks let the shorter ones finish first rather than all at a long step's end.
+    /// for the first one's prefix either way), and on a GPU larger chunks cost less
+    /// per token (each step builds a graph and a mask at the prompt's depth). While
+    /// several prompts share the steps, `step_tokens`-sized chunks let the shorter
+    /// ones finish first rather than all at a long step's end.
     pub solo_step_tokens: usize,
     /// While some requests are decoding, prompt chunks shrink (to no fewer than
     /// [`CHUNK_ALIGN`] tokens) so that a step takes about this long, measured from
@@ -893,8 +893,9 @@ impl EngineCore {
     }
 
     /// Prompt tokens this step may compute: `step_tokens` (`solo_step_tokens` while
-    /// one request runs alone), or while some request is decoding, what fits the ITL target at the recent cost per token (a multiple of
-    /// [`CHUNK_ALIGN`], at least one). The target is per decoding request: when more
+    /// one request runs and others wait only for its prefix), or while some request
+    /// is decoding, what fits the ITL target at the recent cost per token (a multiple
+    /// of [`CHUNK_ALIGN`], at least one). The target is per decoding request: when more
     /// requests wait for their prompts than are decoding (many arriving at once), it
     /// grows in proportion, since holding the prompts back would then cost more
     /// requests more time than it saves the decoders.
