@@ -279,7 +279,9 @@ if has suite; then
     # of this model); SUITE_INTERLEAVE=N: N repetitions, rounds back to back (run.py
     # --interleave); SUITE_SCENARIO: the result name (agents-10k, or agents for both
     # sizes; none: no agents run); SUITE_PREFIX=0 skips prefix-hit; SUITE_TAG tags both.
-    [ "${SUITE_SCENARIO:-}" = none ] || "${S[@]}" "${SUITE_SCENARIO:-agents-10k}" --variant-tokens "${SUITE_VARIANTS:-3400}" --rounds 2 --ctx 73728 \
+    # SUITE_T9_VARIANT: flags of one more Tempo9 server (run.py --tempo9-variant), for A/B.
+    vt=(); [ -n "${SUITE_T9_VARIANT:-}" ] && vt=(--tempo9-variant "$SUITE_T9_VARIANT")
+    [ "${SUITE_SCENARIO:-}" = none ] || "${S[@]}" "${SUITE_SCENARIO:-agents-10k}" "${vt[@]}" --variant-tokens "${SUITE_VARIANTS:-3400}" --rounds 2 --ctx 73728 \
         --interleave "${SUITE_INTERLEAVE:-0}" --timeout-s "${SUITE_TIMEOUT:-330}" --tag "${SUITE_TAG:-}" \
         --note "$note" 2>&1 | tail -30
     if [ "${SUITE_PREFIX:-1}" != 0 ]; then
