@@ -172,13 +172,21 @@ def _agents_label(target):
 
 
 def _agents_ratios(result):
-    """Notes for interleaved runs: the second engine's TTFT p50 and p95 and round wall
-    over the first's, per variant, round and repetition, and their medians."""
+    """Notes for interleaved runs: every later engine's TTFT p50 and p95 and round wall
+    over the first engine's, per variant, round and repetition, and their medians."""
     runs = result["runs"]
-    if len(runs) != 2 or not any("rep" in v for v in runs[0]["data"].get("variants", [])):
+    if len(runs) < 2 or not any("rep" in v for v in runs[0]["data"].get("variants", [])):
         return []
-    b_of = {(v["target_tokens"], v["rep"]): v for v in runs[1]["data"]["variants"]}
-    pairs = [(va, b_of[(va["target_tokens"], va["rep"])]) for va in runs[0]["data"]["variants"]
+    notes = []
+    for run_b in runs[1:]:
+        notes += _agents_pair_ratios(runs[0], run_b)
+    return notes
+
+
+def _agents_pair_ratios(run_a, run_b):
+    """`_agents_ratios` for one pair of engines."""
+    b_of = {(v["target_tokens"], v["rep"]): v for v in run_b["data"]["variants"]}
+    pairs = [(va, b_of[(va["target_tokens"], va["rep"])]) for va in run_a["data"]["variants"]
              if (va["target_tokens"], va["rep"]) in b_of]
     notes = []
     for target in sorted({va["target_tokens"] for va, _ in pairs}):
@@ -193,7 +201,7 @@ def _agents_ratios(result):
                         rnd + 1, ", ".join("%.2f" % r for r in rs), statistics.median(rs)))
             if parts:
                 notes.append("%s: %s / %s, %s per repetition: %s." % (
-                    _agents_label(target), runs[1]["engine"], runs[0]["engine"], what, "; ".join(parts)))
+                    _agents_label(target), run_b["engine"], run_a["engine"], what, "; ".join(parts)))
     return notes
 
 

@@ -53,6 +53,22 @@ mkdir -p "$out" "$work"
 steps=${*:-build synth parity bench streams}
 has() { [[ " $steps " == *" $1 "* ]]; }
 say() { echo "== $* ($(date +%T))"; }
+# llama.cpp's llama-server (staged by prepare.sh) with the CUDA backend built from the
+# same ggml source next to it: unpacked once; sets LLAMA_CPP_BIN_DIR and succeeds
+# when it sees the GPU. This llama-server is a CPU build: it loads other backends
+# only when asked for a device by name (with a built-in backend, llama_backend_init
+# skips ggml_backend_load_all), so callers pass --device CUDA0.
+llama_server_ready() {
+    [ -f "$root/.llama-server/bin.tar.xz" ] || return 1
+    local lb="$work/llama-bin"
+    if [ ! -x "$lb/llama-server" ]; then
+        mkdir -p "$lb" && tar -C "$lb" -xJf "$root/.llama-server/bin.tar.xz"
+        cp "$root/.gpu-carry/libggml-cuda.so" "$lb/"
+        cp "$root/.llama-server/build_info.json" "$work/" 2>/dev/null || true
+    fi
+    "$lb/llama-server" --list-devices 2>&1 | tee -a "$out/run.log" | grep -q CUDA0 || return 1
+    export LLAMA_CPP_BIN_DIR="$lb"
+}
 
 if has build; then
     say build
@@ -216,12 +232,7 @@ if has cold; then
             --device cuda --streams 1 --stream-prompt 10240 --tg 4 --step-tokens "$st" --solo-step-tokens "$st" 2>"$logs/cold-$st.log" \
             | sed "s/^{/{\"variant\":\"cold-step$st\",/" | tee -a "$out/results.jsonl"
     done
-    if [ -f "$root/.llama-server/bin.tar.xz" ]; then
-        lb="$work/llama-bin"
-        mkdir -p "$lb" && tar -C "$lb" -xJf "$root/.llama-server/bin.tar.xz"
-        cp "$root/.gpu-carry/libggml-cuda.so" "$lb/"
-        export LLAMA_CPP_BIN_DIR="$lb"
-    fi
+    llama_server_ready || echo "no llama-server for the GPU: Tempo9 only"
     IFS=';' read -ra cv <<<"${COLD_VARIANTS:-}"
     vx=(); for v in "${cv[@]}"; do vx+=("--tempo9-extra=--device=cuda $v"); done
     [ ${#vx[@]} = 0 ] && vx=("--tempo9-extra=--device=cuda")
@@ -251,24 +262,12 @@ if has suite; then
     ln -sf "$work/llama-8b-q4_k.gguf" "$work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
     engines=tempo9 lx=""
     note="H200, synthetic Llama-3.1-8B-shape Q4_K (random weights), Tempo9 on ggml's CUDA backend"
-    if [ -f "$root/.llama-server/bin.tar.xz" ]; then
-        # llama.cpp's llama-server (staged by prepare.sh) with the CUDA backend built
-        # from the same ggml source next to it.
-        lb="$work/llama-bin"
-        mkdir -p "$lb" && tar -C "$lb" -xJf "$root/.llama-server/bin.tar.xz"
-        cp "$root/.gpu-carry/libggml-cuda.so" "$lb/"
-        cp "$root/.llama-server/build_info.json" "$work/" 2>/dev/null || true
-        if "$lb/llama-server" --list-devices 2>&1 | tee -a "$out/run.log" | grep -q CUDA0; then
-            export LLAMA_CPP_BIN_DIR="$lb"
-            engines=llamacpp,tempo9
-            # This llama-server is a CPU build: it loads other backends only when asked
-            # for a device by name (with a built-in backend, llama_backend_init skips
-            # ggml_backend_load_all).
-            lx="--device CUDA0"
-            note="$note; llama.cpp: llama-server of $(cat "$root/.llama-server/VERSION" 2>/dev/null) with the same CUDA backend library, its defaults (all layers on the GPU) and --device CUDA0"
-        else
-            echo "llama-server does not see the GPU: Tempo9 only"
-        fi
+    if llama_server_ready; then
+        engines=llamacpp,tempo9
+        lx="--device CUDA0"
+        note="$note; llama.cpp: llama-server of $(cat "$root/.llama-server/VERSION" 2>/dev/null) with the same CUDA backend library, its defaults (all layers on the GPU) and --device CUDA0"
+    else
+        echo "no llama-server for the GPU: Tempo9 only"
     fi
     S=(python3 "$root/bench/suite/run.py" --engines "$engines" --model qwen --models-dir "$work/models"
        --tempo9 "$T" --tempo9-extra=--device=cuda "--llama-extra=$lx" --out-dir "$out/suite")

@@ -450,16 +450,13 @@ pub struct EngineCore {
     epoch: std::time::Instant,
     /// Memory of earlier steps' masks, for the next steps' (see [`MaskBuffers`]).
     mask_buffers: MaskBuffers,
-    /// Set by [`Self::admit`]: every request left waiting waits for a prefix that a
-    /// running request is computing (or none waits), so none could run sooner if
-    /// that one's steps were shorter (see [`EngineConfig::solo_step_tokens`]).
-    waiting_on_prefix_only: bool,
 }
 
-/// Attention-mask memory handed from step to step: a prompt chunk's mask at depth is
-/// megabytes (512 rows at 10K cells: 10 MB), and building it in fresh memory every
-/// step cost more in page faults than the writing itself (most of a GPU step's host
-/// time at depth).
+/// Attention-mask memory handed from step to step while requests run: a prompt
+/// chunk's mask at depth is megabytes (512 rows at 10K cells: 10 MB); built in
+/// fresh memory every step (page faults) it took 5 ms of a step on the H200's host,
+/// in reused memory 2 ms. Dropped when the engine goes idle, so a long prompt's
+/// masks are not kept after it.
 #[derive(Default)]
 struct MaskBuffers(Vec<Vec<u16>>);
 
@@ -564,7 +561,6 @@ impl EngineCore {
             token_cost_s: None,
             epoch: std::time::Instant::now(),
             mask_buffers: MaskBuffers::default(),
-            waiting_on_prefix_only: true,
         })
     }
 
@@ -729,8 +725,8 @@ impl EngineCore {
             return Ok(false);
         }
         self.ssd_finish_loads(false);
-        self.admit();
-        let work = self.schedule();
+        let only_prefix_waiters = self.admit();
+        let work = self.schedule(only_prefix_waiters);
         self.ssd_save_evicted();
         if work.is_empty() {
             if !self.loading.is_empty() {
@@ -792,7 +788,11 @@ impl EngineCore {
             step_ms = step_s * 1e3,
             "step"
         );
-        self.mask_buffers.give_back(batch);
+        if self.has_work() {
+            self.mask_buffers.give_back(batch);
+        } else {
+            self.mask_buffers = MaskBuffers::default();
+        }
         Ok(true)
     }
 
@@ -893,15 +893,15 @@ impl EngineCore {
     }
 
     /// Prompt tokens this step may compute: `step_tokens` (`solo_step_tokens` while
-    /// one request runs and others wait only for its prefix), or while some request
+    /// one request runs and the others wait only for its prefix:
+    /// `only_prefix_waiters`, from [`Self::admit`]), or while some request
     /// is decoding, what fits the ITL target at the recent cost per token (a multiple
     /// of [`CHUNK_ALIGN`], at least one). The target is per decoding request: when more
     /// requests wait for their prompts than are decoding (many arriving at once), it
     /// grows in proportion, since holding the prompts back would then cost more
     /// requests more time than it saves the decoders.
-    fn prompt_budget(&self) -> usize {
-        let solo =
-            self.running.len() == 1 && self.waiting_on_prefix_only && self.loading.is_empty();
+    fn prompt_budget(&self, only_prefix_waiters: bool) -> usize {
+        let solo = self.running.len() == 1 && only_prefix_waiters && self.loading.is_empty();
         let full = if solo {
             self.config.solo_step_tokens.max(self.config.step_tokens)
         } else {
@@ -929,9 +929,9 @@ impl EngineCore {
     /// cells for them; preempts requests as memory requires. Requests at the
     /// decoding stage go first, then prompt chunks, each in policy order; the
     /// returned work is in that (batch) order.
-    fn schedule(&mut self) -> Vec<Work> {
+    fn schedule(&mut self, only_prefix_waiters: bool) -> Vec<Work> {
         let policy = self.config.policy;
-        let mut budget = self.prompt_budget();
+        let mut budget = self.prompt_budget(only_prefix_waiters);
         let mut order: Vec<usize> = (0..self.running.len()).collect();
         let cost = self.cost_us();
         order.sort_by_key(|&i| sort_key(policy, &self.running[i], cost));
@@ -1167,18 +1167,17 @@ impl EngineCore {
 
     /// Admits waiting requests in policy order while the running limit and free
     /// pages allow, giving them their cached prefix; planning then treats them like
-    /// every running request.
-    fn admit(&mut self) {
+    /// every running request. Returns whether every request left waiting waits for
+    /// a prefix that a running request is computing (true when none waits): none
+    /// is held back by the running limit or memory, so none would start sooner if
+    /// that request's steps were shorter ([`EngineConfig::solo_step_tokens`]).
+    fn admit(&mut self) -> bool {
         let policy = self.config.policy;
         let cost = self.cost_us();
         self.waiting.sort_by_key(|s| sort_key(policy, s, cost));
-        // Until a request that could run is held back (by the running limit or
-        // memory), everything left waiting waits for an in-flight prefix.
-        self.waiting_on_prefix_only = true;
         loop {
             if self.running.len() + self.loading.len() >= self.config.max_running {
-                self.waiting_on_prefix_only = self.waiting.is_empty();
-                break;
+                return self.waiting.is_empty();
             }
             // The first request in policy order that is not waiting for a prefix
             // another request is computing right now.
@@ -1186,7 +1185,7 @@ impl EngineCore {
                 let usable = self.usable_prefix(w);
                 (!self.prefix_in_flight(w, usable)).then_some((i, usable))
             }) else {
-                break;
+                return true;
             };
             let w = &self.waiting[i];
             let m = self.pool.lookup_prefix(&w.tokens[..usable], 0);
@@ -1210,8 +1209,7 @@ impl EngineCore {
                     self.end(s, FinishReason::ContextFull);
                     continue;
                 }
-                self.waiting_on_prefix_only = false;
-                break;
+                return false;
             }
             let mut s = self.waiting.remove(i);
             let m = self

@@ -673,7 +673,7 @@ impl Scheduler {
     }
 
     /// Allocates `graph`, built in `ctx`, placing the context's input tensors in the
-    /// scheduler's input arena (reused host memory, pinned on a GPU) and everything
+    /// scheduler's input arena (host memory reused from graph to graph) and everything
     /// else as [`Scheduler::alloc`] does. Inputs placed for an earlier graph may move:
     /// only the graph allocated last may be computed.
     pub fn alloc_with_inputs(&mut self, ctx: &Context, graph: &Graph<'_>) -> Result<(), GgmlError> {

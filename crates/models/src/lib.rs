@@ -488,8 +488,7 @@ impl Model {
         let shape = StepShape::of(self, kv, batch, &ops, greedy);
         let Executor { sched, kept, built } = exec;
         let t0 = std::time::Instant::now();
-        let rebuilt = kept.as_ref().is_none_or(|k| k.shape != shape);
-        if rebuilt {
+        if kept.as_ref().is_none_or(|k| k.shape != shape) {
             // Free the old graph's context before building the next.
             *kept = None;
             *kept = Some(self.build(sched, kv, batch, &ops, shape)?);
