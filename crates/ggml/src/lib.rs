@@ -12,6 +12,7 @@
 
 mod backend;
 mod context;
+mod kernels;
 mod quant;
 
 pub use backend::{
@@ -19,6 +20,7 @@ pub use backend::{
     HostBytes, SchedStats, Scheduler,
 };
 pub use context::{Context, Graph, KeptGraph, Pod, RopeParams, Tensor, TensorStore};
+pub use kernels::KernelSet;
 pub use quant::quantize_rows;
 
 /// Errors raised by the ggml wrapper.
