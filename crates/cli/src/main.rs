@@ -47,6 +47,9 @@ enum Command {
     SynthGguf(synth::SynthArgs),
     /// Compare greedy generations on the chosen device with the CPU's (JSON on stdout).
     CheckDevice(check::CheckArgs),
+    /// Print the CPU kernel set of this build: the fingerprint that exact-parity
+    /// fixtures are recorded and selected by (JSON on stdout).
+    Kernels,
 }
 
 /// Options shared by every command that loads a model.
@@ -108,6 +111,12 @@ pub struct ModelArgs {
     /// among requests arriving together, aged by waiting time so none starves).
     #[arg(long, value_name = "NAME", default_value = "fcfs", value_parser = parse_policy)]
     pub policy: Policy,
+    /// Batch-invariant numbers: every request's tokens and log-probabilities are the
+    /// same whatever other requests share its steps. Costs single-stream decode
+    /// speed on CPUs where ggml repacks few weight types (up to half on AVX2 for
+    /// Q5_0/Q8_0 weights); off, batching may reorder near-tied greedy choices.
+    #[arg(long)]
+    pub deterministic: bool,
     #[command(flatten)]
     pub device: device::DeviceArgs,
 }
@@ -164,6 +173,7 @@ impl ModelArgs {
             max_context: self.ctx,
             policy: self.policy,
             ssd: self.ssd_config(),
+            deterministic: self.deterministic,
             ..EngineConfig::default()
         })
     }
@@ -258,6 +268,19 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::SynthGguf(a) => synth::run(a),
         Command::CheckDevice(a) => check::run(a),
+        Command::Kernels => {
+            let k = tempo9_ggml::KernelSet::current();
+            println!(
+                "{}",
+                serde_json::json!({
+                    "short_name": k.short_name(),
+                    "fingerprint": k.fingerprint(),
+                    "arch": k.arch,
+                    "features": k.features,
+                })
+            );
+            Ok(())
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -116,6 +116,12 @@ pub struct EngineConfig {
     /// Second tier for KV pages on local disk; `None` (the default here; the CLI
     /// turns it on) keeps the prefix cache in RAM only.
     pub ssd: Option<SsdConfig>,
+    /// Batch-invariant numbers for every request: a request's tokens and
+    /// log-probabilities then do not depend on what else shares its steps (see
+    /// `StepBatch::batch_invariant`; [`Request::deterministic`] asks per request).
+    /// Off by default: on CPUs where ggml repacks few weight types (AVX2) it can
+    /// halve single-stream decode speed.
+    pub deterministic: bool,
 }
 
 impl Default for EngineConfig {
@@ -132,6 +138,7 @@ impl Default for EngineConfig {
             max_context: None,
             policy: Policy::Fcfs,
             ssd: None,
+            deterministic: false,
         }
     }
 }
@@ -370,6 +377,8 @@ struct Live {
     logprobs: bool,
     top_logprobs: usize,
     banned: Vec<u32>,
+    /// Wants batch-invariant steps ([`Request::deterministic`]).
+    deterministic: bool,
     constraint: Option<Box<dyn TokenConstraint>>,
     /// The constraint's mask for this step's sample.
     mask: Option<Result<TokenMask, String>>,
@@ -677,6 +686,7 @@ impl EngineCore {
             logprobs: r.logprobs,
             top_logprobs: r.top_logprobs,
             banned: r.banned_tokens,
+            deterministic: r.deterministic,
             constraint: r.constraint,
             mask: None,
             sampler,
@@ -1244,6 +1254,7 @@ impl EngineCore {
         let mut b = StepBatch::default();
         for w in work {
             let s = &self.running[self.running_index(w.id).expect("planned requests run")];
+            b.batch_invariant |= self.config.deterministic || s.deterministic;
             let table = self
                 .pool
                 .page_table(w.id)

@@ -31,6 +31,10 @@ pub struct Request {
     pub priority: i32,
     /// Restricts which tokens may be sampled (a grammar); `None` = free text.
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// Batch-invariant numbers for this request: its tokens and log-probabilities
+    /// do not depend on which other requests share its steps (at some speed cost
+    /// for the steps it is in; see `EngineConfig::deterministic`).
+    pub deterministic: bool,
 }
 
 impl Request {
@@ -47,6 +51,7 @@ impl Request {
             banned_tokens: Vec::new(),
             priority: 0,
             constraint: None,
+            deterministic: false,
         }
     }
 }
@@ -59,6 +64,7 @@ impl std::fmt::Debug for Request {
             .field("sampling", &self.sampling)
             .field("stop", &self.stop)
             .field("priority", &self.priority)
+            .field("deterministic", &self.deterministic)
             .field("constrained", &self.constraint.is_some())
             .finish()
     }

@@ -26,6 +26,8 @@ fn smollm2() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
 /// Two threads and `kv_bytes` of KV memory; defaults otherwise.
 fn config(kv_bytes: usize) -> EngineConfig {
     EngineConfig {
+        // Outputs are compared bit for bit across batch compositions.
+        deterministic: true,
         threads: 2,
         kv_budget_bytes: Some(kv_bytes),
         ..EngineConfig::default()
@@ -220,6 +222,8 @@ fn a_pool_smaller_than_the_padded_window_caps_it() {
 /// `policy`: 0 for the long prompt (submitted first), 1 for the short one.
 fn first_served(model: &Arc<Model>, tok: &Arc<Tokenizer>, policy: Policy) -> usize {
     let cfg = EngineConfig {
+        // Outputs are compared bit for bit across batch compositions.
+        deterministic: true,
         policy,
         ..config(64 << 20)
     };
@@ -294,6 +298,8 @@ fn random_workloads_keep_pages_sound() {
         // Chunks of at most 128 tokens and no ITL target: a schedule that does not
         // depend on how fast this machine is.
         let cfg = EngineConfig {
+            // Outputs are compared bit for bit across batch compositions.
+            deterministic: true,
             step_tokens: 128,
             itl_target: None,
             ..config(6 * page_bytes)
@@ -399,6 +405,8 @@ fn long_prefill_does_not_stall_decodes() {
     // a 1 ms target, once a step has measured the cost per token, in chunks of 64.
     for (itl_target, steps) in [(None, 4..=5), (Some(Duration::from_millis(1)), 24..=40)] {
         let cfg = EngineConfig {
+            // Outputs are compared bit for bit across batch compositions.
+            deterministic: true,
             itl_target,
             ..config(256 << 20)
         };
@@ -462,6 +470,8 @@ fn a_prompt_alone_takes_solo_steps() {
     };
     let engine = |solo_step_tokens| {
         let cfg = EngineConfig {
+            // Outputs are compared bit for bit across batch compositions.
+            deterministic: true,
             step_tokens: 128,
             solo_step_tokens,
             itl_target: None,
@@ -625,6 +635,8 @@ fn startup_memory_does_not_depend_on_context() {
     for ctx in [8192usize, 131072] {
         let before = rss();
         let cfg = EngineConfig {
+            // Outputs are compared bit for bit across batch compositions.
+            deterministic: true,
             max_context: Some(ctx),
             ..config(4 << 30)
         };
@@ -880,5 +892,44 @@ fn warm_hits_leaving_short_chunks_are_exact() {
             assert_eq!(got.tokens, want.tokens, "{file}: {n} tokens");
             assert_eq!(got.top_logprobs, want.top_logprobs, "{file}: {n} logprobs");
         }
+    }
+}
+
+/// `Request::deterministic` in an engine that is not: the request's tokens and
+/// log-probabilities are the same bit for bit alone and batched with others, on the
+/// model whose Q5_0/Q8_0 weights ggml multiplies differently for one row than for
+/// several (Qwen2.5-Coder; on AVX2 none of them is repacked).
+#[test]
+fn a_deterministic_request_is_batch_invariant_in_a_default_engine() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(model) = load(MODELS[1].1) else {
+        return;
+    };
+    let tok = tokenizer(&model);
+    let ps = prompts(&tok);
+    let default_engine = || {
+        let cfg = EngineConfig {
+            threads: 2,
+            kv_budget_bytes: Some(128 << 20),
+            ..EngineConfig::default()
+        };
+        assert!(!cfg.deterministic);
+        EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine")
+    };
+    let det = |p: &[u32]| {
+        let mut r = with_logprobs(p, 16);
+        r.deterministic = true;
+        r
+    };
+    for i in [4usize, 6] {
+        let alone = run_batch(&mut default_engine(), vec![det(&ps[i])]).remove(0);
+        // Decoding beside three ordinary requests (their decode rows share matmuls).
+        let mut reqs: Vec<Request> = [5usize, 7, 0]
+            .iter()
+            .map(|&j| with_logprobs(&ps[j], 16))
+            .collect();
+        reqs.insert(1, det(&ps[i]));
+        let batched = run_batch(&mut default_engine(), reqs).remove(1);
+        same_as_alone(MODELS[1].1, &format!("prompt {i}"), &batched, &alone);
     }
 }

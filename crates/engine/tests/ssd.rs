@@ -49,6 +49,8 @@ fn engine(
     ssd: Option<SsdConfig>,
 ) -> EngineCore {
     let cfg = EngineConfig {
+        // Outputs are compared bit for bit across batch compositions.
+        deterministic: true,
         threads: 2,
         kv_budget_bytes: Some(kv_bytes),
         ssd,

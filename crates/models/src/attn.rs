@@ -383,6 +383,7 @@ mod tests {
             kv_slots: vec![0; n],
             seqs,
             output_rows: vec![0],
+            batch_invariant: false,
         }
     }
 

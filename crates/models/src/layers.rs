@@ -66,6 +66,8 @@ pub(crate) struct Builder<'a> {
     /// Whether the graph runs on the CPU backend (whose kernels some grouping
     /// choices below are about).
     pub cpu: bool,
+    /// [`crate::StepBatch::batch_invariant`].
+    pub invariant: bool,
 }
 
 /// One query row's attention without flash attention: `q` `[d, 1, n_head]`, `k`
@@ -147,7 +149,8 @@ impl<'a> Builder<'a> {
     ///   for one row and tinyBLAS from two rows on, so a lone decode row is doubled.
     pub fn linear(&self, w: WeightId, x: Tensor<'a>, b: Option<WeightId>) -> Tensor<'a> {
         let repacked = self.w.is_repacked(w);
-        let double_lone_rows = self.cpu && !repacked && tinyblas_on_cpu(self.wt(w).dtype());
+        let double_lone_rows =
+            self.invariant && self.cpu && !repacked && tinyblas_on_cpu(self.wt(w).dtype());
         let n_rows = x.ne()[1] as usize;
         // Row ranges: per sequence on all tokens (a prompt chunk or one decode row),
         // or (after `select_outputs`) one output row per sequence.

@@ -82,6 +82,13 @@ pub struct StepBatch {
     pub seqs: Vec<SeqSpan>,
     /// Token rows whose logits are returned, in this order.
     pub output_rows: Vec<i32>,
+    /// Batch-invariant numbers: on the CPU, a lone decode row of a weight type that
+    /// ggml multiplies with tinyBLAS from two rows on is multiplied as two rows, so
+    /// it rounds exactly as it would batched with other decode rows. Costs up to
+    /// twice the matmul work of a lone decode row (those types are common on AVX2,
+    /// where ggml repacks none of Q5_0/Q8_0); off, a lone row takes ggml's dot
+    /// products as llama.cpp's own decode does.
+    pub batch_invariant: bool,
 }
 
 /// A run of consecutive KV cells: `start..start + len`.
@@ -155,6 +162,8 @@ struct StepShape {
     /// Each sequence's (first row, rows): the matmul row groups.
     seqs: Vec<(usize, usize)>,
     ops: Vec<OpShape>,
+    /// [`StepBatch::batch_invariant`].
+    invariant: bool,
 }
 
 /// What an attention op bakes into the graph: its rows and the KV cells it views.
@@ -184,6 +193,7 @@ impl StepShape {
             n_tokens: b.tokens.len(),
             n_out: b.output_rows.len(),
             greedy,
+            invariant: b.batch_invariant,
             seqs: b.seqs.iter().map(|s| (s.row_start, s.n_rows)).collect(),
             ops: ops
                 .iter()
@@ -516,6 +526,7 @@ impl Model {
         let n_t = batch.tokens.len();
         let n_out = batch.output_rows.len();
         let greedy = shape.greedy;
+        let invariant = shape.invariant;
         // Size the arena to this graph (a fixed worst case would cost a large
         // allocation and page faults on every rebuild).
         // Per layer: fixed ops plus, per sequence, its own matmul group in each of
@@ -583,6 +594,7 @@ impl Model {
                 hp: &model.hp,
                 inp,
                 cpu,
+                invariant,
             };
             let logits: Tensor<'_> = match &model.graphs {
                 Graphs::Llama(g) => g.build(&mut b),
