@@ -1,12 +1,32 @@
-//! Greedy generation matches llama.cpp's, token for token, on the real models
-//! (fixtures recorded by scripts/fixtures/make_fixtures.py with llama-server's
-//! defaults), and a sequence yields the same tokens alone as batched with three others.
+//! Greedy generation matches llama.cpp's on the real models, and a sequence yields
+//! the same tokens alone as batched with three others.
+//!
+//! Exact numbers belong to one set of CPU kernels (ggml picks them by instruction
+//! set), so the llama.cpp fixtures are recorded per kernel set
+//! (`tests/fixtures/<model>/greedy/<set>.json`, scripts/fixtures/make_fixtures.py
+//! with a llama.cpp built by scripts/fixtures/build-llama.sh) and the test picks
+//! the one whose fingerprint is this build's:
+//! - **exact**: a fixture for this kernel set exists; tokens and log-probabilities
+//!   are compared as recorded.
+//! - **teacher-forced**: none exists (or `TEMPO9_PARITY=teacher-forced`); another
+//!   set's token streams are fed as forced tokens and every step's top log-
+//!   probabilities must agree within the tolerance measured between kernel sets
+//!   (`tests/fixtures/kernel-sets.json`). It says so in its output and fails on a
+//!   perturbed model (`parity_teacher_forced_catches_a_perturbed_model`).
+//!
+//! Every test here is named `parity_*`: scripts/test.sh runs them on their own with
+//! their output shown, so the log names the kernel set and the mode.
 
 mod common;
 
+use std::sync::Arc;
+
 use common::*;
-use tempo9_engine::{EngineConfig, EngineCore, Request};
-use tempo9_models::MATMUL_DECODE_ABOVE;
+use serde_json::Value;
+use tempo9_engine::{EngineConfig, EngineCore, Request, TokenConstraint, TokenMask};
+use tempo9_ggml::{Device, KernelSet};
+use tempo9_models::{LoadOptions, Model, MATMUL_DECODE_ABOVE};
+use tempo9_tokenizer::Tokenizer;
 
 const N_GEN: usize = 64;
 /// Log-probabilities come from the same ggml kernels as llama.cpp's; allow rounding only.
@@ -45,20 +65,141 @@ fn greedy(prompt: Vec<u32>, top: usize, eog: &[u32]) -> Request {
 /// several at once on a small machine would only slow each other down.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Checks one model: every fixture case alone, then in batches of four.
+/// One recorded reference: a greedy fixture file of one kernel set.
+struct Fixture {
+    /// File name under `<model>/greedy/`.
+    name: String,
+    json: Value,
+}
+
+impl Fixture {
+    fn fingerprint(&self) -> &str {
+        self.json["kernel_set"]["fingerprint"]
+            .as_str()
+            .unwrap_or("?")
+    }
+
+    fn cases(&self) -> &[Value] {
+        self.json["cases"].as_array().expect("cases")
+    }
+}
+
+/// Every kernel set's greedy fixture for a model, by file name.
+fn fixtures(dir: &str) -> Vec<Fixture> {
+    let root = fixtures_dir().join(dir).join("greedy");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| Fixture {
+            json: fixture(&format!("{dir}/greedy/{name}")),
+            name,
+        })
+        .collect()
+}
+
+/// Tolerances of the teacher-forced check (nats, on top-1 and top-2
+/// log-probabilities), measured between kernel sets: `tests/fixtures/kernel-sets.json`.
+/// Single steps may differ by up to `flash` / `matmul`, and the mean difference
+/// over all steps of a model must stay under `mean` (a small systematic error shows
+/// there long before it moves any one step past the per-step bound).
+#[derive(Clone, Copy, Debug)]
+struct Tolerance {
+    /// Steps computed with flash attention (prompt passes, shallow decodes).
+    flash: f32,
+    /// Decode steps through matmul attention (see [`LOGPROB_TOL_MATMUL`]).
+    matmul: f32,
+    /// Mean over every compared top-1 and top-2 log-probability.
+    mean: f32,
+}
+
+fn tolerance() -> Tolerance {
+    let t = &fixture("kernel-sets.json")["teacher_forced_tolerance"];
+    Tolerance {
+        flash: t["flash"].as_f64().expect("flash tolerance") as f32,
+        matmul: t["matmul"].as_f64().expect("matmul tolerance") as f32,
+        mean: t["mean"].as_f64().expect("mean tolerance") as f32,
+    }
+}
+
+/// Checks one model: against the fixture of this kernel set (exact), or, when there
+/// is none, teacher-forced against another set's; then batched against alone.
 fn check_model(dir: &str, file: &str) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(model) = load(file) else { return };
     let tok = tokenizer(&model);
-    let eog = tok.eog_tokens();
-    let cfg = EngineConfig {
+    let ks = KernelSet::current();
+    let all = fixtures(dir);
+    assert!(!all.is_empty(), "{dir}: no greedy fixtures");
+    let forced = std::env::var("TEMPO9_PARITY").as_deref() == Ok("teacher-forced");
+    let own = all
+        .iter()
+        .find(|f| f.fingerprint() == ks.fingerprint())
+        .filter(|_| !forced);
+    // Without our own fixture: another kernel set's streams (one not ours if any).
+    let reference = own.unwrap_or_else(|| {
+        all.iter()
+            .find(|f| f.fingerprint() != ks.fingerprint())
+            .unwrap_or(&all[0])
+    });
+    let (solo, make): (Vec<Output>, Box<dyn Fn(&Value, usize) -> Request>) = if own.is_some() {
+        eprintln!(
+            "parity {dir}: EXACT against {dir}/greedy/{} (kernel set {} = {})",
+            reference.name,
+            ks.short_name(),
+            ks.fingerprint()
+        );
+        let eog = tok.eog_tokens();
+        let solo = exact_check(dir, &model, &tok, reference);
+        (
+            solo,
+            Box::new(move |c, top| greedy(ids(&c["prompt_ids"]), top, &eog)),
+        )
+    } else {
+        let tol = tolerance();
+        eprintln!(
+            "parity {dir}: TEACHER-FORCED (no fixture for kernel set {} = {}{}) against \
+             {dir}/greedy/{} ({}), tolerance {tol:?}",
+            ks.short_name(),
+            ks.fingerprint(),
+            if forced {
+                ", TEMPO9_PARITY=teacher-forced"
+            } else {
+                ""
+            },
+            reference.name,
+            reference.fingerprint(),
+        );
+        let report = teacher_forced(&model, &tok, reference.cases(), tol);
+        assert!(report.problems.is_empty(), "{dir}: {:#?}", report.problems);
+        let n_vocab = tok.vocab_size();
+        (
+            report.outputs,
+            Box::new(move |c, top| forced_request(c, top, n_vocab)),
+        )
+    };
+    check_batched(dir, &model, &tok, reference.cases(), &solo, &*make);
+}
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
         threads: 2,
         kv_budget_bytes: Some(256 << 20),
         ..EngineConfig::default()
-    };
-    let mut engine = EngineCore::new(model.clone(), tok.clone(), cfg.clone()).expect("engine");
-    let fx = fixture(&format!("{dir}/greedy.json"));
-    let cases = fx["cases"].as_array().expect("cases");
+    }
+}
+
+/// Every fixture case alone against the fixture of this kernel set: the same tokens
+/// (up to near-ties on matmul-attention steps) and log-probabilities. Returns the
+/// outputs.
+fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture) -> Vec<Output> {
+    let eog = tok.eog_tokens();
+    let mut engine = EngineCore::new(model.clone(), tok.clone(), engine_config()).expect("engine");
+    let cases = fx.cases();
     assert!(cases.len() >= 10, "{dir}: need at least 10 fixture prompts");
     let mut solo: Vec<Output> = Vec::new();
     let mut problems = Vec::new();
@@ -151,25 +292,158 @@ fn check_model(dir: &str, file: &str) {
         worst_mm < LOGPROB_TOL_MATMUL,
         "{dir}: top-1 logprobs of matmul-attention steps differ by up to {worst_mm}"
     );
+    solo
+}
 
-    // Batched with three others (mixed prompt lengths, so prefill chunks and decodes
-    // share steps): each sequence attends over its own KV window and repacked weights
-    // multiply per sequence, so a sequence's numbers barely depend on its neighbours.
-    // ggml's other CPU matmul kernels still pick tile shapes by batch size, which
-    // rounds a little differently (~1e-3 nats). So: top-1 log-probabilities agree
-    // within TIE at every step, and tokens are identical except that a sequence may
-    // leave a near-tie (top two within TIE when alone) the other way.
-    // Each group runs on a fresh engine: a warm prefix cache changes how the prompt
-    // is chunked (only the uncached tail is computed), which moves logprobs by more
-    // than batching does; tests/engine_core.rs covers warm runs.
+/// Allows exactly the reference's next token: teacher forcing through the engine's
+/// grammar hook (the reported log-probabilities are of the raw distribution).
+struct Forced {
+    tokens: Vec<u32>,
+    at: usize,
+    n_vocab: usize,
+}
+
+impl TokenConstraint for Forced {
+    fn compute_mask(&mut self) -> Result<TokenMask, String> {
+        let t = *self.tokens.get(self.at).ok_or("past the forced tokens")?;
+        let mut m = TokenMask::none(self.n_vocab.max(t as usize + 1));
+        m.allow(t);
+        Ok(m)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        if self.tokens.get(self.at) != Some(&token) {
+            return Err(format!("token {token} is not the forced one"));
+        }
+        self.at += 1;
+        Ok(())
+    }
+
+    fn is_finished(&self) -> bool {
+        self.at >= self.tokens.len()
+    }
+}
+
+/// A fixture case's prompt with its recorded tokens forced.
+fn forced_request(c: &Value, top: usize, n_vocab: usize) -> Request {
+    let tokens = ids(&c["tokens"]);
+    let mut r = Request::new(ids(&c["prompt_ids"]), tokens.len());
+    r.stop.eog = false;
+    r.top_logprobs = top;
+    r.constraint = Some(Box::new(Forced {
+        tokens,
+        at: 0,
+        n_vocab,
+    }));
+    r
+}
+
+/// What a teacher-forced run found.
+struct ForcedReport {
+    problems: Vec<String>,
+    outputs: Vec<Output>,
+}
+
+/// Feeds each case's reference tokens and checks, at every step the reference
+/// reported, that its top-1 token is in our top 8 and its top-1 and top-2
+/// log-probabilities agree with ours within `tol`.
+fn teacher_forced(
+    model: &Arc<Model>,
+    tok: &Arc<Tokenizer>,
+    cases: &[Value],
+    tol: Tolerance,
+) -> ForcedReport {
+    let mut engine = EngineCore::new(model.clone(), tok.clone(), engine_config()).expect("engine");
+    let (mut problems, mut outputs) = (Vec::new(), Vec::new());
+    let (mut worst, mut worst_mm, mut steps) = (0f32, 0f32, 0usize);
+    let (mut sum, mut n) = (0f64, 0usize);
+    for c in cases {
+        let name = c["name"].as_str().unwrap_or("?");
+        let n_prompt = c["prompt_ids"].as_array().map_or(0, Vec::len);
+        let out = run_batch(&mut engine, vec![forced_request(c, 8, tok.vocab_size())]);
+        let out = out.into_iter().next().expect("one output");
+        if out.tokens != ids(&c["tokens"]) {
+            problems.push(format!(
+                "{name}: forced tokens not followed ({:?})",
+                out.finish
+            ));
+        }
+        for (step, top) in c["top"].as_array().expect("top").iter().enumerate() {
+            let (Some(top), Some(ours)) = (top.as_array(), out.top_logprobs.get(step)) else {
+                continue;
+            };
+            let mm = matmul_step(n_prompt, step);
+            let limit = if mm { tol.matmul } else { tol.flash };
+            steps += 1;
+            for (rank, e) in top.iter().take(2).enumerate() {
+                let (id, lp) = (e[0].as_u64().unwrap() as u32, e[1].as_f64().unwrap() as f32);
+                let Some(&(_, mine)) = ours.iter().find(|o| o.0 == id) else {
+                    if rank == 0 {
+                        problems.push(format!(
+                            "{name}: step {step}: reference top-1 {id} not in our top 8"
+                        ));
+                    }
+                    continue;
+                };
+                let d = (mine - lp).abs();
+                sum += f64::from(d);
+                n += 1;
+                if mm {
+                    worst_mm = worst_mm.max(d);
+                } else {
+                    worst = worst.max(d);
+                }
+                if d > limit {
+                    problems.push(format!(
+                        "{name}: step {step}: top-{} token {id} logprob {mine:.4} vs {lp:.4} \
+                         (|diff| {d:.4} > {limit})",
+                        rank + 1
+                    ));
+                }
+            }
+        }
+        outputs.push(out);
+    }
+    let mean = (sum / n.max(1) as f64) as f32;
+    if mean > tol.mean {
+        problems.push(format!(
+            "mean |logprob difference| {mean:.4} over {n} values > {}",
+            tol.mean
+        ));
+    }
+    eprintln!(
+        "teacher-forced: {} cases, {steps} steps, max |logprob difference| {worst:.2e} \
+         (matmul-attention decode steps {worst_mm:.2e}), mean {mean:.2e}, {} problems",
+        cases.len(),
+        problems.len()
+    );
+    ForcedReport { problems, outputs }
+}
+
+/// Batched with three others (mixed prompt lengths, so prefill chunks and decodes
+/// share steps): each sequence attends over its own KV window and repacked weights
+/// multiply per sequence, so a sequence's numbers barely depend on its neighbours.
+/// ggml's other CPU matmul kernels still pick tile shapes by batch size, which
+/// rounds a little differently (~1e-3 nats). So: top-1 log-probabilities agree
+/// within TIE at every step, and tokens are identical except that a sequence may
+/// leave a near-tie (top two within TIE when alone) the other way.
+/// Each group runs on a fresh engine: a warm prefix cache changes how the prompt
+/// is chunked (only the uncached tail is computed), which moves logprobs by more
+/// than batching does; tests/engine_core.rs covers warm runs.
+fn check_batched(
+    dir: &str,
+    model: &Arc<Model>,
+    tok: &Arc<Tokenizer>,
+    cases: &[Value],
+    solo: &[Output],
+    make: &dyn Fn(&Value, usize) -> Request,
+) {
     const TIE: f32 = 0.02;
     let mut ties = Vec::new();
     for chunk in (0..cases.len()).collect::<Vec<_>>().chunks(4) {
-        let reqs: Vec<Request> = chunk
-            .iter()
-            .map(|&i| greedy(ids(&cases[i]["prompt_ids"]), 2, &eog))
-            .collect();
-        let mut engine = EngineCore::new(model.clone(), tok.clone(), cfg.clone()).expect("engine");
+        let reqs: Vec<Request> = chunk.iter().map(|&i| make(&cases[i], 2)).collect();
+        let mut engine =
+            EngineCore::new(model.clone(), tok.clone(), engine_config()).expect("engine");
         let out = run_batch(&mut engine, reqs);
         for (k, &i) in chunk.iter().enumerate() {
             let (alone, batched) = (&solo[i], &out[k]);
@@ -200,16 +474,68 @@ fn check_model(dir: &str, file: &str) {
 }
 
 #[test]
-fn smollm2_matches_llama_cpp_alone_and_batched() {
+fn parity_smollm2_matches_llama_cpp_alone_and_batched() {
     check_model(MODELS[0].0, MODELS[0].1);
 }
 
 #[test]
-fn qwen2_5_coder_matches_llama_cpp_alone_and_batched() {
+fn parity_qwen2_5_coder_matches_llama_cpp_alone_and_batched() {
     check_model(MODELS[1].0, MODELS[1].1);
 }
 
 #[test]
-fn gemma3_matches_llama_cpp_alone_and_batched() {
+fn parity_gemma3_matches_llama_cpp_alone_and_batched() {
     check_model(MODELS[2].0, MODELS[2].1);
+}
+
+/// The teacher-forced check is not a formality: it passes on the real SmolLM2 file
+/// and fails once one row of one weight matrix is changed (in a copy of the file).
+#[test]
+fn parity_teacher_forced_catches_a_perturbed_model() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (dir, file) = MODELS[0];
+    let Some(src) = model_path(file) else { return };
+    let all = fixtures(dir);
+    let cases = &all[0].cases()[..4];
+    let tol = tolerance();
+
+    let model = load(file).expect("model");
+    let tok = tokenizer(&model);
+    let clean = teacher_forced(&model, &tok, cases, tol);
+    assert!(
+        clean.problems.is_empty(),
+        "unperturbed: {:#?}",
+        clean.problems
+    );
+    drop(model);
+
+    // Row 0 of layer 0's FFN output projection: one residual channel of every token.
+    let name = "blk.0.ffn_down.weight";
+    let g = tempo9_gguf::GgufFile::open(&src).expect("gguf");
+    let t = g.tensor(name).expect("tensor");
+    let row = t.dtype.row_bytes(t.shape[0]).expect("row size") as usize;
+    let at = t.offset;
+    let dst = std::env::temp_dir().join(format!("tempo9-perturbed-{}.gguf", std::process::id()));
+    std::fs::copy(&src, &dst).expect("copy model");
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&dst)
+            .expect("open copy");
+        f.seek(SeekFrom::Start(at)).expect("seek");
+        f.write_all(&vec![0x3C; row]).expect("write");
+    }
+    let perturbed = Arc::new(Model::load(&dst, LoadOptions::new(Device::cpu())).expect("load"));
+    let report = teacher_forced(&perturbed, &tok, cases, tol);
+    let _ = std::fs::remove_file(&dst);
+    eprintln!(
+        "perturbed {name} row 0 ({row} bytes): {} problems, first: {:?}",
+        report.problems.len(),
+        report.problems.first()
+    );
+    assert!(
+        !report.problems.is_empty(),
+        "the teacher-forced check passed a model with a changed weight row"
+    );
 }

@@ -45,11 +45,14 @@ pub fn load(file: &str) -> Option<Arc<Model>> {
     ))
 }
 
+/// The repository's tests/fixtures directory.
+pub fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
 /// Reads a fixture JSON file under tests/fixtures.
 pub fn fixture(rel: &str) -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(rel);
+    let p = fixtures_dir().join(rel);
     let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()));
     serde_json::from_str(&s).expect("fixture JSON")
 }
