@@ -10,6 +10,7 @@ use toktrie::TokEnv;
 
 use tempo9_engine::{TokenConstraint, TokenMask};
 
+use crate::bounds::{DigitGuard, DigitTable};
 use crate::env::TokenizerEnvImpl;
 use crate::{Grammar, GrammarError};
 
@@ -25,6 +26,7 @@ struct Inner {
     tok: Arc<Tokenizer>,
     env: TokEnv,
     factory: ParserFactory,
+    digits: Arc<DigitTable>,
 }
 
 static CACHE: Mutex<Vec<GrammarCompiler>> = Mutex::new(Vec::new());
@@ -37,8 +39,15 @@ impl GrammarCompiler {
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Compile(e.to_string()))?;
         // Errors come back as values; nothing should go to stderr in a server.
         factory.quiet();
+        let trie = env.tok_trie();
+        let digits = Arc::new(DigitTable::new(trie.vocab_size(), |t| trie.token(t)));
         Ok(GrammarCompiler {
-            inner: Arc::new(Inner { tok, env, factory }),
+            inner: Arc::new(Inner {
+                tok,
+                env,
+                factory,
+                digits,
+            }),
         })
     }
 
@@ -83,6 +92,10 @@ impl GrammarCompiler {
         Ok(Constraint {
             matcher,
             n_vocab: self.inner.tok.vocab_size(),
+            digits: grammar
+                .bounds()
+                .max_digit_run
+                .map(|max| DigitGuard::new(self.inner.digits.clone(), max)),
         })
     }
 }
@@ -93,6 +106,8 @@ impl GrammarCompiler {
 pub struct Constraint {
     matcher: Matcher,
     n_vocab: usize,
+    /// The grammar's digit-run bound, if any ([`crate::OutputBounds`]).
+    digits: Option<DigitGuard>,
 }
 
 impl Constraint {
@@ -118,6 +133,9 @@ impl Constraint {
         }
         let mut words = vob.as_slice().to_vec();
         words.resize(self.n_vocab.div_ceil(32), 0);
+        if let Some(d) = &self.digits {
+            d.restrict(&mut words);
+        }
         Ok(words)
     }
 
@@ -126,13 +144,21 @@ impl Constraint {
     pub fn accept_token(&mut self, token: u32) -> Result<(), String> {
         self.matcher
             .consume_token(token)
-            .map_err(|e| format!("token {token} rejected by the grammar: {e}"))
+            .map_err(|e| format!("token {token} rejected by the grammar: {e}"))?;
+        if let Some(d) = &mut self.digits {
+            d.accept(token);
+        }
+        Ok(())
     }
 
     /// Undoes the last `n` accepted tokens, e.g. draft tokens the target model
     /// rejected in speculative decoding.
     pub fn rollback(&mut self, n: usize) -> Result<(), String> {
-        self.matcher.rollback(n).map_err(|e| e.to_string())
+        self.matcher.rollback(n).map_err(|e| e.to_string())?;
+        if let Some(d) = &mut self.digits {
+            d.rollback(n);
+        }
+        Ok(())
     }
 
     /// Advances past `text` that is part of the output but was not sampled under
@@ -148,6 +174,9 @@ impl Constraint {
             .map_err(|e| e.to_string())?;
         if n != tokens.len() {
             return Err(format!("the grammar does not allow {text:?} here"));
+        }
+        if let Some(d) = &mut self.digits {
+            d.accept_text(text);
         }
         Ok(())
     }

@@ -4,13 +4,14 @@
 use llguidance::api::{GrammarInit, ParserLimits, TopLevelGrammar, ValidationResult};
 use serde_json::{json, Map, Value};
 
+use crate::bounds::{bound_strings, OutputBounds};
 use crate::GrammarError;
 
-/// JSON whitespace the model may use where JSON allows whitespace: one space, or a
-/// newline and up to 20 indentation characters (as llama.cpp's JSON grammars do).
-/// Bounded so a small model cannot run away emitting whitespace forever, and
-/// broad enough for both compact and pretty-printed JSON.
-pub const JSON_WHITESPACE: &str = r"(?: |\n[ \t]{0,20})";
+/// Separator between JSON array items and object members (no other whitespace is
+/// allowed by default: compact JSON, as OpenAI's strict mode).
+pub const JSON_ITEM_SEPARATOR: &str = ", ";
+/// Separator between an object key and its value.
+pub const JSON_KEY_SEPARATOR: &str = ": ";
 
 /// A grammar to constrain output with, checked but not yet bound to a vocabulary
 /// (see [`crate::GrammarCompiler::compile`]).
@@ -18,6 +19,7 @@ pub const JSON_WHITESPACE: &str = r"(?: |\n[ \t]{0,20})";
 pub struct Grammar {
     top: TopLevelGrammar,
     kind: GrammarKind,
+    bounds: OutputBounds,
 }
 
 /// What a [`Grammar`] was built from.
@@ -50,16 +52,24 @@ impl Grammar {
     /// "strin"` or `"minItems": -1` are errors naming the place) and then
     /// compiled by llguidance (so unsatisfiable or, in [`SchemaMode::Strict`],
     /// unsupported constructs are errors too). Properties are generated in
-    /// schema order; whitespace follows [`JSON_WHITESPACE`] unless the schema's
-    /// top-level `x-guidance` options say otherwise.
+    /// schema order. The output is compact JSON ([`JSON_ITEM_SEPARATOR`],
+    /// [`JSON_KEY_SEPARATOR`], no other whitespace) unless the schema's top-level
+    /// `x-guidance` options say otherwise, and bounded by [`OutputBounds::JSON`]
+    /// (digit runs, string lengths) unless its top-level `x-tempo9` says otherwise.
     pub fn json_schema(schema: &Value, mode: SchemaMode) -> Result<Grammar, GrammarError> {
-        check_meta_schema(schema)?;
-        let with_opts = with_guidance_options(schema, mode);
+        let mut schema = schema.clone();
+        let bounds = OutputBounds::take_from_schema(&mut schema)?;
+        check_meta_schema(&schema)?;
+        if let Some(max) = bounds.max_string_length {
+            bound_strings(&mut schema, max);
+        }
+        let with_opts = with_guidance_options(&schema, mode);
         let top = TopLevelGrammar::from_json_schema(with_opts);
         validate(&top).map_err(GrammarError::InvalidSchema)?;
         Ok(Grammar {
             top,
             kind: GrammarKind::JsonSchema,
+            bounds,
         })
     }
 
@@ -78,6 +88,7 @@ impl Grammar {
         Ok(Grammar {
             top,
             kind: GrammarKind::Regex,
+            bounds: OutputBounds::NONE,
         })
     }
 
@@ -90,6 +101,7 @@ impl Grammar {
         Ok(Grammar {
             top,
             kind: GrammarKind::Lark,
+            bounds: OutputBounds::NONE,
         })
     }
 
@@ -165,8 +177,17 @@ impl Grammar {
         &self.top
     }
 
+    /// The bounds its constraint enforces beyond the grammar (see [`OutputBounds`]).
+    pub fn bounds(&self) -> OutputBounds {
+        self.bounds
+    }
+
     pub(crate) fn from_top(top: TopLevelGrammar, kind: GrammarKind) -> Grammar {
-        Grammar { top, kind }
+        Grammar {
+            top,
+            kind,
+            bounds: OutputBounds::NONE,
+        }
     }
 }
 
@@ -199,8 +220,8 @@ pub(crate) fn check_meta_schema(schema: &Value) -> Result<(), GrammarError> {
     })
 }
 
-/// Adds Tempo9's defaults to the schema's top-level `x-guidance` options
-/// (bounded whitespace; leniency by mode) without overriding the caller's.
+/// Adds Tempo9's defaults to the schema's top-level `x-guidance` options (compact
+/// JSON; leniency by mode) without overriding the caller's.
 pub(crate) fn with_guidance_options(schema: &Value, mode: SchemaMode) -> Value {
     let Value::Object(obj) = schema else {
         // `true` / `false`: nowhere to put options; nothing to relax either.
@@ -212,7 +233,11 @@ pub(crate) fn with_guidance_options(schema: &Value, mode: SchemaMode) -> Value {
         _ => Map::new(),
     };
     if !opts.contains_key("whitespace_pattern") && !opts.contains_key("whitespace_flexible") {
-        opts.insert("whitespace_pattern".into(), JSON_WHITESPACE.into());
+        opts.insert("whitespace_flexible".into(), Value::Bool(false));
+        opts.entry("item_separator")
+            .or_insert(JSON_ITEM_SEPARATOR.into());
+        opts.entry("key_separator")
+            .or_insert(JSON_KEY_SEPARATOR.into());
     }
     if mode == SchemaMode::Lenient {
         opts.entry("lenient").or_insert(Value::Bool(true));
@@ -231,7 +256,7 @@ mod tests {
         let strict = with_guidance_options(&s, SchemaMode::Strict);
         assert_eq!(
             strict["x-guidance"],
-            json!({"whitespace_pattern": JSON_WHITESPACE})
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
         );
         let lenient = with_guidance_options(&s, SchemaMode::Lenient);
         assert_eq!(lenient["x-guidance"]["lenient"], json!(true));

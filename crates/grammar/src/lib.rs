@@ -25,14 +25,16 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod bounds;
 mod constraint;
 mod env;
 mod grammar;
 mod tools;
 
+pub use bounds::{OutputBounds, BOUNDS_KEYWORD, DEFAULT_MAX_DIGIT_RUN, DEFAULT_MAX_STRING_LENGTH};
 pub use constraint::{Constraint, GrammarCompiler};
 pub use env::TokenizerEnvImpl;
-pub use grammar::{Grammar, GrammarKind, SchemaMode, JSON_WHITESPACE};
+pub use grammar::{Grammar, GrammarKind, SchemaMode, JSON_ITEM_SEPARATOR, JSON_KEY_SEPARATOR};
 pub use tools::{ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec};
 
 /// Why a grammar could not be built; the message names the problem and is meant

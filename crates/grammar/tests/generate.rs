@@ -16,6 +16,7 @@ use tempo9_engine::{
 use tempo9_ggml::Device;
 use tempo9_grammar::{
     Grammar, GrammarCompiler, SchemaMode, ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec,
+    DEFAULT_MAX_DIGIT_RUN,
 };
 use tempo9_models::{LoadOptions, Model};
 use tempo9_tokenizer::{ChatTemplate, Tokenizer};
@@ -147,18 +148,81 @@ fn run_suite(s: &Setup, sampling: &SamplingParams, label: &str) -> Vec<String> {
     failures
 }
 
+/// The whole suite, greedy and sampled with five seeds: every answer parses,
+/// validates and ends on its own (no free whitespace, bounded digit runs and
+/// strings keep a small model from looping into `max_tokens`), on any CPU.
 #[test]
 fn smollm2_suite_outputs_parse_and_validate() {
     let Some(s) = setup(SMOLLM2) else { return };
     let mut failures = run_suite(&s, &SamplingParams::default(), "greedy");
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        top_p: 0.95,
-        seed: Some(20240517),
-        ..SamplingParams::default()
-    };
-    failures.extend(run_suite(&s, &sampled, "sampled"));
+    for seed in [20240517, 1, 2, 3, 4] {
+        let sampled = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        failures.extend(run_suite(&s, &sampled, &format!("sampled seed {seed}")));
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// An answer that loops when its number is unbounded: the assistant's reply starts
+/// with pi's first digits, and the model keeps producing digits. With the default
+/// bound the number ends after [`DEFAULT_MAX_DIGIT_RUN`] digits and the answer is
+/// valid JSON, finished by the grammar; with the bound off it runs on.
+#[test]
+fn a_looping_number_ends_as_valid_json() {
+    let Some(s) = setup(SMOLLM2) else { return };
+    let start = "{\"pi\": 3.14159265358979";
+    let run = |schema: &Value| -> (Output, usize) {
+        let messages = [json!({"role": "user",
+            "content": "Write the number pi with as many digits as you know, as JSON."})];
+        let text = s.chat.render(&messages, None, true).expect("render") + start;
+        let mut req = Request::new(s.tok.encode(&text, true, true), 160);
+        let g = Grammar::json_schema(schema, SchemaMode::Strict).expect("grammar");
+        let mut c = s.compiler.compile(&g).expect("compile");
+        c.advance_text(start).expect("prefix");
+        req.constraint = Some(Box::new(c));
+        let mut core = engine(&s);
+        let mut stream = core.submit(req).expect("submit");
+        core.run_until_idle().expect("engine");
+        let out = collect(&mut stream);
+        let full = format!("{start}{}", out.text);
+        let longest = full
+            .split(|c: char| !c.is_ascii_digit())
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        eprintln!(
+            "{:?} {} tokens, longest digit run {longest}: {full}",
+            out.finish, out.tokens
+        );
+        (out, longest)
+    };
+    let schema = json!({"type": "object", "properties": {"pi": {"type": "number"}},
+                        "required": ["pi"], "additionalProperties": false});
+    let (out, longest) = run(&schema);
+    let full = format!("{start}{}", out.text);
+    let v: Value = serde_json::from_str(&full).unwrap_or_else(|e| panic!("{e}: {full}"));
+    assert!(schema_valid(&schema, &v), "{full}");
+    assert!(longest <= DEFAULT_MAX_DIGIT_RUN, "{full}");
+    assert!(
+        matches!(
+            out.finish,
+            FinishReason::ConstraintDone | FinishReason::StopToken(_)
+        ),
+        "{:?}",
+        out.finish
+    );
+
+    let mut unbounded = schema.clone();
+    unbounded["x-tempo9"] = json!({"max_digit_run": null});
+    let (_, longest_free) = run(&unbounded);
+    assert!(
+        longest_free > DEFAULT_MAX_DIGIT_RUN,
+        "without the bound the model wrote only {longest_free} digits in a row"
+    );
 }
 
 /// The Hermes tool calls in `text` as (name, arguments), or an error.
