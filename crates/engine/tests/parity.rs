@@ -117,8 +117,9 @@ struct Tolerance {
     mean: f32,
 }
 
-fn tolerance() -> Tolerance {
-    let t = &fixture("kernel-sets.json")["teacher_forced_tolerance"];
+/// The teacher-forced tolerance of one model (fixture directory `dir`).
+fn tolerance(dir: &str) -> Tolerance {
+    let t = &fixture("kernel-sets.json")["teacher_forced_tolerance"][dir];
     Tolerance {
         flash: t["flash"].as_f64().expect("flash tolerance") as f32,
         matmul: t["matmul"].as_f64().expect("matmul tolerance") as f32,
@@ -160,7 +161,7 @@ fn check_model(dir: &str, file: &str) {
             Box::new(move |c, top| greedy(ids(&c["prompt_ids"]), top, &eog)),
         )
     } else {
-        let tol = tolerance();
+        let tol = tolerance(dir);
         eprintln!(
             "parity {dir}: TEACHER-FORCED (no fixture for kernel set {} = {}{}) against \
              {dir}/greedy/{} ({}), tolerance {tol:?}",
@@ -497,7 +498,7 @@ fn parity_teacher_forced_catches_a_perturbed_model() {
     let Some(src) = model_path(file) else { return };
     let all = fixtures(dir);
     let cases = &all[0].cases()[..4];
-    let tol = tolerance();
+    let tol = tolerance(dir);
 
     let model = load(file).expect("model");
     let tok = tokenizer(&model);
