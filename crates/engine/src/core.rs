@@ -1352,8 +1352,9 @@ impl EngineCore {
         std::thread::scope(|sc| {
             let masks = sc.spawn(move || {
                 for s in constrained {
+                    let left = s.max_tokens.saturating_sub(s.usage.completion_tokens);
                     let c = s.constraint.as_mut().expect("filtered");
-                    s.mask = Some(c.compute_mask());
+                    s.mask = Some(c.compute_mask_within(left));
                 }
             });
             let logits = model.forward(exec, kv, batch);

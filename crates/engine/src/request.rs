@@ -220,6 +220,14 @@ pub trait TokenConstraint: Send {
     /// Tokens allowed next. An error ends the request with
     /// [`FinishReason::ConstraintDeadEnd`].
     fn compute_mask(&mut self) -> Result<TokenMask, String>;
+    /// Like [`compute_mask`](Self::compute_mask), knowing that at most `tokens_left`
+    /// tokens (this one included) may still be generated: a constraint may then
+    /// steer towards an output it can complete in time (e.g. close a JSON answer
+    /// rather than be cut by `max_tokens`). The default ignores the budget.
+    fn compute_mask_within(&mut self, tokens_left: usize) -> Result<TokenMask, String> {
+        let _ = tokens_left;
+        self.compute_mask()
+    }
     /// Advances past the sampled token (always one the last mask allowed).
     fn accept(&mut self, token: u32) -> Result<(), String>;
     /// Whether the constrained output is complete and nothing more may follow.

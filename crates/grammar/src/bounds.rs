@@ -10,12 +10,17 @@
 //!   exponent digits each, and digit runs inside strings), unless the grammar
 //!   itself requires more at that point;
 //! - strings of at most [`DEFAULT_MAX_STRING_LENGTH`] characters where the schema
-//!   sets no `maxLength` (nor `enum` / `const`).
+//!   sets no `maxLength` (nor `enum` / `const`);
+//! - in the last [`DEFAULT_FINISH_RESERVE`] tokens before `max_tokens`, the answer
+//!   is steered to its end: where the grammar may end, only end-of-generation
+//!   tokens are allowed; else, where it allows a token made only of `"`, `]` and
+//!   `}`, only such closing tokens; else the model chooses as before. An answer
+//!   that still cannot close in time ends with `finish_reason: length`.
 //!
 //! A schema overrides them with a top-level `"x-tempo9": {"max_digit_run": N,
-//! "max_string_length": N}` (`null` turns one off). Tool-call grammars keep
-//! compact JSON but no digit or length bound: tool arguments carry code and file
-//! contents.
+//! "max_string_length": N, "finish_reserve": N}` (`null` turns one off). Tool-call
+//! grammars keep compact JSON but no other bound: tool arguments carry code and
+//! file contents.
 
 use std::sync::Arc;
 
@@ -27,6 +32,9 @@ use crate::GrammarError;
 pub const DEFAULT_MAX_DIGIT_RUN: usize = 24;
 /// Default `maxLength` of JSON strings whose schema sets none.
 pub const DEFAULT_MAX_STRING_LENGTH: usize = 2048;
+/// Default number of last tokens before `max_tokens` in which a JSON answer is
+/// steered to its end.
+pub const DEFAULT_FINISH_RESERVE: usize = 48;
 /// The schema keyword that overrides the bounds (removed before compiling).
 pub const BOUNDS_KEYWORD: &str = "x-tempo9";
 
@@ -37,6 +45,9 @@ pub struct OutputBounds {
     pub max_digit_run: Option<usize>,
     /// `maxLength` given to JSON strings whose schema sets none; `None` = no bound.
     pub max_string_length: Option<usize>,
+    /// Tokens before `max_tokens` from which the answer is steered to its end;
+    /// `None` = never.
+    pub finish_reserve: Option<usize>,
 }
 
 impl OutputBounds {
@@ -44,12 +55,14 @@ impl OutputBounds {
     pub const NONE: OutputBounds = OutputBounds {
         max_digit_run: None,
         max_string_length: None,
+        finish_reserve: None,
     };
 
     /// The defaults for JSON answers.
     pub const JSON: OutputBounds = OutputBounds {
         max_digit_run: Some(DEFAULT_MAX_DIGIT_RUN),
         max_string_length: Some(DEFAULT_MAX_STRING_LENGTH),
+        finish_reserve: Some(DEFAULT_FINISH_RESERVE),
     };
 
     /// [`Self::JSON`] with the overrides of the schema's top-level `x-tempo9`
@@ -79,6 +92,7 @@ impl OutputBounds {
             match k.as_str() {
                 "max_digit_run" => b.max_digit_run = n,
                 "max_string_length" => b.max_string_length = n,
+                "finish_reserve" => b.finish_reserve = n,
                 _ => return Err(bad(format!("unknown option '{k}'"))),
             }
         }
@@ -171,6 +185,49 @@ impl DigitTable {
             Some(true) => run + usize::from(self.lead[i]),
             Some(false) => usize::from(self.trail[i]),
             None => 0,
+        }
+    }
+}
+
+/// Tokens that steer an answer to its end (see the module docs), per vocabulary.
+pub(crate) struct FinishTable {
+    /// End-of-generation tokens.
+    eog: Vec<u32>,
+    /// Tokens whose text is only `"`, `]` and `}` characters.
+    closers: Vec<u32>,
+}
+
+impl FinishTable {
+    pub(crate) fn new<'a>(
+        n_vocab: usize,
+        eog: Vec<u32>,
+        bytes: impl Fn(u32) -> &'a [u8],
+    ) -> FinishTable {
+        let closers = (0..n_vocab as u32)
+            .filter(|&t| {
+                let b = bytes(t);
+                !b.is_empty() && b.iter().all(|c| matches!(c, b'"' | b']' | b'}'))
+            })
+            .collect();
+        FinishTable { eog, closers }
+    }
+
+    /// Keeps in `words` only the end-of-generation tokens if any is allowed, else
+    /// only the closing tokens if any is allowed; else leaves it.
+    pub(crate) fn steer(&self, words: &mut [u32]) {
+        let allowed = |w: &[u32], t: u32| {
+            w.get(t as usize / 32)
+                .is_some_and(|x| x >> (t % 32) & 1 == 1)
+        };
+        for set in [&self.eog, &self.closers] {
+            let keep: Vec<u32> = set.iter().copied().filter(|&t| allowed(words, t)).collect();
+            if !keep.is_empty() {
+                words.iter_mut().for_each(|w| *w = 0);
+                for t in keep {
+                    words[t as usize / 32] |= 1 << (t % 32);
+                }
+                return;
+            }
         }
     }
 }
@@ -304,6 +361,22 @@ mod tests {
     }
 
     #[test]
+    fn near_the_limit_answers_close() {
+        // Vocabulary: 0 "a", 1 "\"", 2 "\"}", 3 ",", 4 eos.
+        let words: [&[u8]; 5] = [b"a", b"\"", b"\"}", b",", b""];
+        let f = FinishTable::new(5, vec![4], |i| words[i as usize]);
+        let mut m = vec![0b01111u32];
+        f.steer(&mut m);
+        assert_eq!(m[0], 0b00110, "closers only");
+        let mut m = vec![0b11001u32];
+        f.steer(&mut m);
+        assert_eq!(m[0], 0b10000, "end where the grammar may end");
+        let mut m = vec![0b01001u32];
+        f.steer(&mut m);
+        assert_eq!(m[0], 0b01001, "nothing to close with: unchanged");
+    }
+
+    #[test]
     fn digit_runs_are_bounded_unless_required() {
         // Vocabulary: 0 "1", 1 "23", 2 "4a", 3 ",", 4 "a5".
         let words: [&[u8]; 5] = [b"1", b"23", b"4a", b",", b"a5"];
@@ -316,7 +389,7 @@ mod tests {
         g.accept(1); // "23": run 2
         let mut m = all();
         g.restrict(&mut m);
-        assert_eq!(m[0], 0b11001, "only one more digit: \"1\", \",\", \"a5\"");
+        assert_eq!(m[0], 0b11101, "one more digit: not \"23\"");
         g.accept(0); // run 3
         let mut m = all();
         g.restrict(&mut m);

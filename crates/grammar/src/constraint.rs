@@ -10,7 +10,7 @@ use toktrie::TokEnv;
 
 use tempo9_engine::{TokenConstraint, TokenMask};
 
-use crate::bounds::{DigitGuard, DigitTable};
+use crate::bounds::{DigitGuard, DigitTable, FinishTable};
 use crate::env::TokenizerEnvImpl;
 use crate::{Grammar, GrammarError};
 
@@ -27,6 +27,7 @@ struct Inner {
     env: TokEnv,
     factory: ParserFactory,
     digits: Arc<DigitTable>,
+    finish: Arc<FinishTable>,
 }
 
 static CACHE: Mutex<Vec<GrammarCompiler>> = Mutex::new(Vec::new());
@@ -41,12 +42,16 @@ impl GrammarCompiler {
         factory.quiet();
         let trie = env.tok_trie();
         let digits = Arc::new(DigitTable::new(trie.vocab_size(), |t| trie.token(t)));
+        let finish = Arc::new(FinishTable::new(trie.vocab_size(), tok.eog_tokens(), |t| {
+            trie.token(t)
+        }));
         Ok(GrammarCompiler {
             inner: Arc::new(Inner {
                 tok,
                 env,
                 factory,
                 digits,
+                finish,
             }),
         })
     }
@@ -96,6 +101,10 @@ impl GrammarCompiler {
                 .bounds()
                 .max_digit_run
                 .map(|max| DigitGuard::new(self.inner.digits.clone(), max)),
+            finish: grammar
+                .bounds()
+                .finish_reserve
+                .map(|reserve| (self.inner.finish.clone(), reserve)),
         })
     }
 }
@@ -108,6 +117,8 @@ pub struct Constraint {
     n_vocab: usize,
     /// The grammar's digit-run bound, if any ([`crate::OutputBounds`]).
     digits: Option<DigitGuard>,
+    /// Steering to the end in the last tokens before the limit, if any.
+    finish: Option<(Arc<FinishTable>, usize)>,
 }
 
 impl Constraint {
@@ -135,6 +146,19 @@ impl Constraint {
         words.resize(self.n_vocab.div_ceil(32), 0);
         if let Some(d) = &self.digits {
             d.restrict(&mut words);
+        }
+        Ok(words)
+    }
+
+    /// [`Self::compute_mask_words`] with at most `tokens_left` tokens still to come:
+    /// within the grammar's finish reserve the mask is steered to the answer's end
+    /// ([`crate::OutputBounds::finish_reserve`]).
+    pub fn compute_mask_words_within(&mut self, tokens_left: usize) -> Result<Vec<u32>, String> {
+        let mut words = self.compute_mask_words()?;
+        if let Some((f, reserve)) = &self.finish {
+            if tokens_left <= *reserve {
+                f.steer(&mut words);
+            }
         }
         Ok(words)
     }
@@ -229,6 +253,11 @@ impl Constraint {
 impl TokenConstraint for Constraint {
     fn compute_mask(&mut self) -> Result<TokenMask, String> {
         self.compute_mask_words().map(TokenMask::from_words)
+    }
+
+    fn compute_mask_within(&mut self, tokens_left: usize) -> Result<TokenMask, String> {
+        self.compute_mask_words_within(tokens_left)
+            .map(TokenMask::from_words)
     }
 
     fn accept(&mut self, token: u32) -> Result<(), String> {

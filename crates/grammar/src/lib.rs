@@ -31,7 +31,10 @@ mod env;
 mod grammar;
 mod tools;
 
-pub use bounds::{OutputBounds, BOUNDS_KEYWORD, DEFAULT_MAX_DIGIT_RUN, DEFAULT_MAX_STRING_LENGTH};
+pub use bounds::{
+    OutputBounds, BOUNDS_KEYWORD, DEFAULT_FINISH_RESERVE, DEFAULT_MAX_DIGIT_RUN,
+    DEFAULT_MAX_STRING_LENGTH,
+};
 pub use constraint::{Constraint, GrammarCompiler};
 pub use env::TokenizerEnvImpl;
 pub use grammar::{Grammar, GrammarKind, SchemaMode, JSON_ITEM_SEPARATOR, JSON_KEY_SEPARATOR};
