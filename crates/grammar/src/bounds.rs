@@ -11,16 +11,18 @@
 //!   itself requires more at that point;
 //! - strings of at most [`DEFAULT_MAX_STRING_LENGTH`] characters where the schema
 //!   sets no `maxLength` (nor `enum` / `const`);
-//! - in the last [`DEFAULT_FINISH_RESERVE`] tokens before `max_tokens`, the answer
-//!   is steered to its end: where the grammar may end, only end-of-generation
-//!   tokens are allowed; else, where it allows a token made only of `"`, `]` and
-//!   `}`, only such closing tokens; else the model chooses as before. An answer
-//!   that still cannot close in time ends with `finish_reason: length`.
+//! - in the last [`DEFAULT_FINISH_RESERVE`] tokens before `max_tokens` (a quarter
+//!   of `max_tokens` at most), the answer is steered to its end: where the grammar
+//!   may end, only end-of-generation tokens are allowed; else inside a string, only
+//!   tokens that close it (`"`, optionally followed by `]` and `}`) where allowed;
+//!   else only tokens made of `]` and `}` where allowed; else the model chooses as
+//!   before. An answer that still cannot close in time ends with
+//!   `finish_reason: length`.
 //!
 //! A schema overrides them with a top-level `"x-tempo9": {"max_digit_run": N,
 //! "max_string_length": N, "finish_reserve": N}` (`null` turns one off). Tool-call
-//! grammars keep compact JSON but no other bound: tool arguments carry code and
-//! file contents.
+//! grammars have none of these bounds (tool arguments carry code and file
+//! contents) and keep a flexible whitespace layout ([`crate::TOOL_JSON_WHITESPACE`]).
 
 use std::sync::Arc;
 
@@ -193,7 +195,9 @@ impl DigitTable {
 pub(crate) struct FinishTable {
     /// End-of-generation tokens.
     eog: Vec<u32>,
-    /// Tokens whose text is only `"`, `]` and `}` characters.
+    /// Tokens that close a string: `"` then only `]` and `}`.
+    quote_closers: Vec<u32>,
+    /// Tokens made only of `]` and `}`.
     closers: Vec<u32>,
 }
 
@@ -203,23 +207,37 @@ impl FinishTable {
         eog: Vec<u32>,
         bytes: impl Fn(u32) -> &'a [u8],
     ) -> FinishTable {
-        let closers = (0..n_vocab as u32)
-            .filter(|&t| {
-                let b = bytes(t);
-                !b.is_empty() && b.iter().all(|c| matches!(c, b'"' | b']' | b'}'))
-            })
-            .collect();
-        FinishTable { eog, closers }
+        let closing = |b: &[u8]| b.iter().all(|c| matches!(c, b']' | b'}'));
+        let (mut quote_closers, mut closers) = (Vec::new(), Vec::new());
+        for t in 0..n_vocab as u32 {
+            match bytes(t) {
+                [] => {}
+                [b'"', rest @ ..] if closing(rest) => quote_closers.push(t),
+                b if closing(b) => closers.push(t),
+                _ => {}
+            }
+        }
+        FinishTable {
+            eog,
+            quote_closers,
+            closers,
+        }
     }
 
     /// Keeps in `words` only the end-of-generation tokens if any is allowed, else
-    /// only the closing tokens if any is allowed; else leaves it.
-    pub(crate) fn steer(&self, words: &mut [u32]) {
+    /// (by `in_string`) only the string-closing or the structure-closing tokens if
+    /// any is allowed; else leaves it.
+    pub(crate) fn steer(&self, words: &mut [u32], in_string: bool) {
         let allowed = |w: &[u32], t: u32| {
             w.get(t as usize / 32)
                 .is_some_and(|x| x >> (t % 32) & 1 == 1)
         };
-        for set in [&self.eog, &self.closers] {
+        let closing = if in_string {
+            &self.quote_closers
+        } else {
+            &self.closers
+        };
+        for set in [&self.eog, closing] {
             let keep: Vec<u32> = set.iter().copied().filter(|&t| allowed(words, t)).collect();
             if !keep.is_empty() {
                 words.iter_mut().for_each(|w| *w = 0);
@@ -229,6 +247,34 @@ impl FinishTable {
                 return;
             }
         }
+    }
+}
+
+/// Whether the JSON text so far ends inside a string (a tiny scanner over the
+/// accepted bytes: quotes and backslash escapes).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct JsonScan {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonScan {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if !self.in_string {
+                self.in_string = b == b'"';
+            } else if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.in_string = false;
+            }
+        }
+    }
+
+    pub(crate) fn in_string(&self) -> bool {
+        self.in_string
     }
 }
 
@@ -362,18 +408,31 @@ mod tests {
 
     #[test]
     fn near_the_limit_answers_close() {
-        // Vocabulary: 0 "a", 1 "\"", 2 "\"}", 3 ",", 4 eos.
-        let words: [&[u8]; 5] = [b"a", b"\"", b"\"}", b",", b""];
-        let f = FinishTable::new(5, vec![4], |i| words[i as usize]);
-        let mut m = vec![0b01111u32];
-        f.steer(&mut m);
-        assert_eq!(m[0], 0b00110, "closers only");
-        let mut m = vec![0b11001u32];
-        f.steer(&mut m);
-        assert_eq!(m[0], 0b10000, "end where the grammar may end");
-        let mut m = vec![0b01001u32];
-        f.steer(&mut m);
-        assert_eq!(m[0], 0b01001, "nothing to close with: unchanged");
+        // Vocabulary: 0 "a", 1 "\"", 2 "\"}", 3 ",", 4 eos, 5 "}]", 6 "{".
+        let words: [&[u8]; 7] = [b"a", b"\"", b"\"}", b",", b"", b"}]", b"{"];
+        let f = FinishTable::new(7, vec![4], |i| words[i as usize]);
+        let mut m = vec![0b1101111u32];
+        f.steer(&mut m, true);
+        assert_eq!(m[0], 0b0000110, "in a string: the tokens that close it");
+        let mut m = vec![0b1101111u32];
+        f.steer(&mut m, false);
+        assert_eq!(
+            m[0], 0b0100000,
+            "outside: structure closers, not a new string"
+        );
+        let mut m = vec![0b0011001u32];
+        f.steer(&mut m, false);
+        assert_eq!(m[0], 0b0010000, "end where the grammar may end");
+        let mut m = vec![0b1001001u32];
+        f.steer(&mut m, false);
+        assert_eq!(m[0], 0b1001001, "nothing to close with: unchanged");
+        let mut s = JsonScan::default();
+        s.feed(br#"{"a": "x\"y"#);
+        assert!(s.in_string());
+        s.feed(br#"", "b"#);
+        assert!(s.in_string());
+        s.feed(br#"": 1"#);
+        assert!(!s.in_string());
     }
 
     #[test]

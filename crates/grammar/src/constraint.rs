@@ -10,7 +10,7 @@ use toktrie::TokEnv;
 
 use tempo9_engine::{TokenConstraint, TokenMask};
 
-use crate::bounds::{DigitGuard, DigitTable, FinishTable};
+use crate::bounds::{DigitGuard, DigitTable, FinishTable, JsonScan};
 use crate::env::TokenizerEnvImpl;
 use crate::{Grammar, GrammarError};
 
@@ -101,10 +101,12 @@ impl GrammarCompiler {
                 .bounds()
                 .max_digit_run
                 .map(|max| DigitGuard::new(self.inner.digits.clone(), max)),
-            finish: grammar
-                .bounds()
-                .finish_reserve
-                .map(|reserve| (self.inner.finish.clone(), reserve)),
+            finish: grammar.bounds().finish_reserve.map(|reserve| Finish {
+                table: self.inner.finish.clone(),
+                reserve,
+                budget: None,
+                scan: JsonScan::default(),
+            }),
         })
     }
 }
@@ -118,7 +120,16 @@ pub struct Constraint {
     /// The grammar's digit-run bound, if any ([`crate::OutputBounds`]).
     digits: Option<DigitGuard>,
     /// Steering to the end in the last tokens before the limit, if any.
-    finish: Option<(Arc<FinishTable>, usize)>,
+    finish: Option<Finish>,
+}
+
+/// A constraint's steering to the end of its answer (see [`crate::OutputBounds`]).
+struct Finish {
+    table: Arc<FinishTable>,
+    reserve: usize,
+    /// The token budget at the first mask: the reserve is at most a quarter of it.
+    budget: Option<usize>,
+    scan: JsonScan,
 }
 
 impl Constraint {
@@ -155,9 +166,10 @@ impl Constraint {
     /// ([`crate::OutputBounds::finish_reserve`]).
     pub fn compute_mask_words_within(&mut self, tokens_left: usize) -> Result<Vec<u32>, String> {
         let mut words = self.compute_mask_words()?;
-        if let Some((f, reserve)) = &self.finish {
-            if tokens_left <= *reserve {
-                f.steer(&mut words);
+        if let Some(f) = &mut self.finish {
+            let budget = *f.budget.get_or_insert(tokens_left);
+            if tokens_left <= f.reserve.min(budget / 4) {
+                f.table.steer(&mut words, f.scan.in_string());
             }
         }
         Ok(words)
@@ -171,6 +183,11 @@ impl Constraint {
             .map_err(|e| format!("token {token} rejected by the grammar: {e}"))?;
         if let Some(d) = &mut self.digits {
             d.accept(token);
+        }
+        if let Some(f) = &mut self.finish {
+            if let Ok(env) = self.matcher.tok_env() {
+                f.scan.feed(env.tok_trie().token(token));
+            }
         }
         Ok(())
     }
@@ -201,6 +218,9 @@ impl Constraint {
         }
         if let Some(d) = &mut self.digits {
             d.accept_text(text);
+        }
+        if let Some(f) = &mut self.finish {
+            f.scan.feed(text.as_bytes());
         }
         Ok(())
     }

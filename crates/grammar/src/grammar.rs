@@ -13,6 +13,13 @@ pub const JSON_ITEM_SEPARATOR: &str = ", ";
 /// Separator between an object key and its value.
 pub const JSON_KEY_SEPARATOR: &str = ": ";
 
+/// JSON whitespace allowed in tool-call arguments: one space, or a newline and up
+/// to 20 indentation characters (bounded, so a model cannot emit whitespace
+/// forever). Tool calls keep a flexible layout: with llguidance's compact mode a
+/// token spanning two lexemes of an argument object (Qwen's ` {}` after
+/// `"arguments": `) is refused.
+pub const TOOL_JSON_WHITESPACE: &str = r"(?: |\n[ \t]{0,20})";
+
 /// A grammar to constrain output with, checked but not yet bound to a vocabulary
 /// (see [`crate::GrammarCompiler::compile`]).
 #[derive(Clone, Debug)]
@@ -63,7 +70,7 @@ impl Grammar {
         if let Some(max) = bounds.max_string_length {
             bound_strings(&mut schema, max);
         }
-        let with_opts = with_guidance_options(&schema, mode);
+        let with_opts = with_guidance_options(&schema, mode, true);
         let top = TopLevelGrammar::from_json_schema(with_opts);
         validate(&top).map_err(GrammarError::InvalidSchema)?;
         Ok(Grammar {
@@ -221,8 +228,9 @@ pub(crate) fn check_meta_schema(schema: &Value) -> Result<(), GrammarError> {
 }
 
 /// Adds Tempo9's defaults to the schema's top-level `x-guidance` options (compact
-/// JSON; leniency by mode) without overriding the caller's.
-pub(crate) fn with_guidance_options(schema: &Value, mode: SchemaMode) -> Value {
+/// JSON, or [`TOOL_JSON_WHITESPACE`] when not `compact`; leniency by mode) without
+/// overriding the caller's.
+pub(crate) fn with_guidance_options(schema: &Value, mode: SchemaMode, compact: bool) -> Value {
     let Value::Object(obj) = schema else {
         // `true` / `false`: nowhere to put options; nothing to relax either.
         return schema.clone();
@@ -232,6 +240,12 @@ pub(crate) fn with_guidance_options(schema: &Value, mode: SchemaMode) -> Value {
         Some(Value::Object(o)) => o,
         _ => Map::new(),
     };
+    if !compact
+        && !opts.contains_key("whitespace_pattern")
+        && !opts.contains_key("whitespace_flexible")
+    {
+        opts.insert("whitespace_pattern".into(), TOOL_JSON_WHITESPACE.into());
+    }
     if !opts.contains_key("whitespace_pattern") && !opts.contains_key("whitespace_flexible") {
         opts.insert("whitespace_flexible".into(), Value::Bool(false));
         opts.entry("item_separator")
@@ -253,22 +267,22 @@ mod tests {
     #[test]
     fn guidance_defaults_never_override_the_caller() {
         let s = json!({"type": "object"});
-        let strict = with_guidance_options(&s, SchemaMode::Strict);
+        let strict = with_guidance_options(&s, SchemaMode::Strict, true);
         assert_eq!(
             strict["x-guidance"],
             json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
         );
-        let lenient = with_guidance_options(&s, SchemaMode::Lenient);
+        let lenient = with_guidance_options(&s, SchemaMode::Lenient, true);
         assert_eq!(lenient["x-guidance"]["lenient"], json!(true));
         let own = json!({"type": "object",
                          "x-guidance": {"whitespace_flexible": false, "lenient": false}});
-        let kept = with_guidance_options(&own, SchemaMode::Lenient);
+        let kept = with_guidance_options(&own, SchemaMode::Lenient, true);
         assert_eq!(
             kept["x-guidance"],
             json!({"whitespace_flexible": false, "lenient": false})
         );
         assert_eq!(
-            with_guidance_options(&json!(true), SchemaMode::Strict),
+            with_guidance_options(&json!(true), SchemaMode::Strict, true),
             json!(true)
         );
     }

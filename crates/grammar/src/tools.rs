@@ -168,7 +168,7 @@ impl ToolCallGrammar {
             } else {
                 SchemaMode::Lenient
             };
-            schemas.push(with_guidance_options(&schema, mode));
+            schemas.push(with_guidance_options(&schema, mode, false));
         }
         let top = self.lark(tok, &selected, &schemas)?;
         let Err(e) = validate(&top) else {

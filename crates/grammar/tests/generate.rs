@@ -168,16 +168,16 @@ fn smollm2_suite_outputs_parse_and_validate() {
 }
 
 /// An answer that loops when its number is unbounded: the assistant's reply starts
-/// with pi's first digits, and the model keeps producing digits. With the default
-/// bound the number ends after [`DEFAULT_MAX_DIGIT_RUN`] digits and the answer is
-/// valid JSON, finished by the grammar; with the bound off it runs on.
+/// with a number of sixteen 1s, and the model keeps repeating the digit. With the
+/// default bound the number ends after [`DEFAULT_MAX_DIGIT_RUN`] digits in a row and
+/// the answer is valid JSON, finished by the grammar; with the bound off it runs on.
 #[test]
 fn a_looping_number_ends_as_valid_json() {
     let Some(s) = setup(SMOLLM2) else { return };
-    let start = "{\"pi\": 3.14159265358979";
+    let start = "{\"n\": 1111111111111111";
     let run = |schema: &Value| -> (Output, usize) {
         let messages = [json!({"role": "user",
-            "content": "Write the number pi with as many digits as you know, as JSON."})];
+            "content": "Write a very long number made of ones, as JSON."})];
         let text = s.chat.render(&messages, None, true).expect("render") + start;
         let mut req = Request::new(s.tok.encode(&text, true, true), 160);
         let g = Grammar::json_schema(schema, SchemaMode::Strict).expect("grammar");
@@ -200,8 +200,8 @@ fn a_looping_number_ends_as_valid_json() {
         );
         (out, longest)
     };
-    let schema = json!({"type": "object", "properties": {"pi": {"type": "number"}},
-                        "required": ["pi"], "additionalProperties": false});
+    let schema = json!({"type": "object", "properties": {"n": {"type": "number"}},
+                        "required": ["n"], "additionalProperties": false});
     let (out, longest) = run(&schema);
     let full = format!("{start}{}", out.text);
     let v: Value = serde_json::from_str(&full).unwrap_or_else(|e| panic!("{e}: {full}"));

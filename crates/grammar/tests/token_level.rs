@@ -75,19 +75,31 @@ fn check_suite(file: &str) {
     for case in &suite {
         let g = Grammar::json_schema(&case.schema, SchemaMode::Strict)
             .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let mut with_ws = case.schema.clone();
+        if let Some(o) = with_ws.as_object_mut() {
+            o.insert(
+                "x-guidance".into(),
+                serde_json::json!({"whitespace_flexible": true}),
+            );
+        }
+        let flexible = Grammar::json_schema(&with_ws, SchemaMode::Strict)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
         for v in &case.valid {
             assert!(
                 schema_valid(&case.schema, v),
                 "{}: suite instance {v} is not valid",
                 case.name
             );
+            // The default output is compact JSON with ", " and ": "; with flexible
+            // whitespace asked for (llguidance's x-guidance), any layout.
             let texts = [
-                serde_json::to_string(v).unwrap(),
-                serde_json::to_string_pretty(v).unwrap(),
+                (&g, spaced(v)),
+                (&flexible, serde_json::to_string(v).unwrap()),
+                (&flexible, serde_json::to_string_pretty(v).unwrap()),
             ];
-            for text in texts {
+            for (g, text) in texts {
                 let t1 = Instant::now();
-                let mut c = compiler.compile(&g).expect("compile");
+                let mut c = compiler.compile(g).expect("compile");
                 compile += t1.elapsed();
                 assert_eq!(
                     feed(&mut c, &tok, &text, &mut timing),
@@ -309,4 +321,24 @@ fn rollback_undoes_accepted_tokens() {
     assert_eq!(c.compute_mask_words().unwrap(), start);
     c.accept_token(id("2")).unwrap();
     assert!(c.accept_token(id("5")).is_err(), "only x may follow 2 now");
+}
+
+/// `v` as Tempo9's JSON answers lay it out by default: `", "` between items and
+/// members, `": "` after keys, no other whitespace.
+fn spaced(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let members: Vec<String> = m
+                .iter()
+                .map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), spaced(v)))
+                .collect();
+            format!("{{{}}}", members.join(", "))
+        }
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(spaced).collect();
+            format!("[{}]", items.join(", "))
+        }
+        other => other.to_string(),
+    }
 }
