@@ -127,6 +127,13 @@ impl TokenConstraint for Timed {
         r
     }
 
+    fn compute_mask_within(&mut self, tokens_left: usize) -> Result<TokenMask, String> {
+        let t0 = Instant::now();
+        let r = self.inner.compute_mask_within(tokens_left);
+        self.clock.add(t0);
+        r
+    }
+
     fn accept(&mut self, token: u32) -> Result<(), String> {
         let t0 = Instant::now();
         let r = self.inner.accept(token);
