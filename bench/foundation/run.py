@@ -8,6 +8,16 @@ Command (from the repository root):
                                     [--models smollm2,qwen2.5-coder]
                                     [--models-dir ~/.cache/tempo9/models]
                                     [--llama-extra "-fa off"] [--no-tempo9]
+                                    [--tempo9-extra "--deterministic"] [--busy]
+                                    [--tag .avx2]
+
+--busy keeps one core busy with another process (a spinning loop) during every
+repetition: decode under CPU contention. --tag names the result files
+(<date>-foundation<tag>.*). Both engines' CPU kernel sets are recorded (llama.cpp's
+from its system_info, Tempo9's from `tempo9 kernels`): to measure another kernel
+set, build both for it (scripts/fixtures/build-llama.sh x86-64-v3 and
+TEMPO9_TARGET_CPU=x86-64-v3 scripts/test.sh, or cargo build with that RUSTFLAGS)
+and pass --tempo9 and LLAMA_CPP_BIN_DIR.
 
 Per model, repetitions alternate between the engines (ABBA order: llama.cpp,
 Tempo9, Tempo9, llama.cpp, ...) so drift on the shared machine hits both
@@ -49,6 +59,7 @@ MODELS = {
     "smollm2": "smollm2-135m-instruct-q4_1.gguf",
     "qwen2.5-coder": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     "gemma3": "gemma-3-270m-q4_k_m.gguf",
+    "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
 }
 
 
@@ -114,7 +125,7 @@ def llama_server_rep(gguf, a):
 
 def tempo9_rep(gguf, a):
     cmd = [a.tempo9, "bench", "--gguf", gguf, "--pp", str(a.pp), "--tg", str(a.tg),
-           "--threads", str(a.threads), "--reps", "1"]
+           "--threads", str(a.threads), "--reps", "1"] + shlex.split(a.tempo9_extra)
     out, wall = run_cmd(cmd)
     # the contract is one JSON object on stdout; tolerate log lines around it
     line = [l for l in out.splitlines() if l.strip().startswith("{")]
@@ -143,6 +154,9 @@ def main():
     ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
     ap.add_argument("--no-tempo9", action="store_true", help="measure llama.cpp only")
     ap.add_argument("--llama-extra", default="", help="extra args for llama-bench / llama-server")
+    ap.add_argument("--tempo9-extra", default="", help="extra args for tempo9 bench (e.g. --deterministic)")
+    ap.add_argument("--busy", action="store_true", help="keep one core busy with another process")
+    ap.add_argument("--tag", default="", help="suffix of the result files' names")
     ap.add_argument("--force-server", action="store_true", help="use llama-server timings even if llama-bench exists")
     ap.add_argument("--allow-amx", action="store_true",
                     help="do not preload the no-AMX shim (llama.cpp crashes on these VMs with AMX)")
@@ -157,6 +171,9 @@ def main():
         print("warning: %s not found/executable; measuring llama.cpp only" % a.tempo9, file=sys.stderr)
         do_tempo9 = False
 
+    busy = None
+    if a.busy:
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     started = datetime.datetime.now()
     result = {
         "benchmark": "foundation",
@@ -170,7 +187,8 @@ def main():
                       "method": "llama-bench" if use_bench else "llama-server /completion timings",
                       "extra_args": a.llama_extra,
                       "amx": "allowed" if a.allow_amx else "disabled via LD_PRELOAD bench/foundation/no_amx.c"},
-        "tempo9": {"binary": a.tempo9 if do_tempo9 else None},
+        "tempo9": {"binary": a.tempo9 if do_tempo9 else None, "extra_args": a.tempo9_extra},
+        "busy_core": a.busy,
         "models": {},
     }
     if do_tempo9:
@@ -179,6 +197,9 @@ def main():
             result["tempo9"]["repo_head"] = g.stdout.strip()
         except OSError:
             pass
+        k = subprocess.run([a.tempo9, "kernels"], capture_output=True, text=True)
+        if k.returncode == 0:
+            result["tempo9"]["kernel_set"] = json.loads(k.stdout)
 
     for name in a.models.split(","):
         gguf = os.path.join(a.models_dir, MODELS[name])
@@ -200,6 +221,13 @@ def main():
                              "tg_median": statistics.median(r["tg_tok_s"] for r in rs)}
         result["models"][name] = {"gguf": MODELS[name], "summary": summ, "runs": runs}
 
+    if busy:
+        busy.kill()
+        busy.wait()
+    first = next((r for m in result["models"].values() for r in m["runs"]["llama.cpp"]), None)
+    if first and isinstance(first.get("raw"), list) and first["raw"]:
+        result["llama_cpp"]["cpu_info"] = first["raw"][0].get("cpu_info")
+        result["llama_cpp"]["backends"] = first["raw"][0].get("backends")
     result["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     result["host"]["loadavg_end"] = os.getloadavg()
 
@@ -208,7 +236,12 @@ def main():
                  a.pp, a.tg, a.threads, a.reps, result["llama_cpp"]["build"].get("upstream_build", "?"),
                  result["llama_cpp"]["method"], (" " + a.llama_extra) if a.llama_extra else " (defaults)"),
              "", "Command: `%s`" % result["command"], "",
-             "llama.cpp AMX: %s." % result["llama_cpp"]["amx"], "",
+             "llama.cpp AMX: %s." % result["llama_cpp"]["amx"],
+             "Tempo9 kernel set: %s; llama.cpp: %s." % (
+                 result["tempo9"].get("kernel_set", {}).get("fingerprint", "?"),
+                 result["llama_cpp"]["build"].get("package_build_info", {}).get("cmake_args", "package build")),
+             "Tempo9 extra flags: %s. Another process busy on one core: %s." % (
+                 a.tempo9_extra or "none", "yes" if a.busy else "no"), "",
              "| model | test | llama.cpp tok/s | Tempo9 tok/s | Tempo9 / llama.cpp |",
              "|---|---|---:|---:|---:|"]
     for name, m in result["models"].items():
@@ -223,7 +256,7 @@ def main():
     md = "\n".join(lines) + "\n"
 
     os.makedirs(a.out_dir, exist_ok=True)
-    stem = os.path.join(a.out_dir, "%s-foundation" % started.strftime("%Y-%m-%d"))
+    stem = os.path.join(a.out_dir, "%s-foundation%s" % (started.strftime("%Y-%m-%d"), a.tag))
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
