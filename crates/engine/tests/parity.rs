@@ -127,6 +127,9 @@ fn tolerance(dir: &str) -> Tolerance {
     }
 }
 
+/// Builds a fixture case's request with this many top log-probabilities.
+type MakeRequest = Box<dyn Fn(&Value, usize) -> Request>;
+
 /// Checks one model: against the fixture of this kernel set (exact), or, when there
 /// is none, teacher-forced against another set's; then batched against alone.
 fn check_model(dir: &str, file: &str) {
@@ -147,7 +150,7 @@ fn check_model(dir: &str, file: &str) {
             .find(|f| f.fingerprint() != ks.fingerprint())
             .unwrap_or(&all[0])
     });
-    let (solo, make): (Vec<Output>, Box<dyn Fn(&Value, usize) -> Request>) = if own.is_some() {
+    let (solo, make): (Vec<Output>, MakeRequest) = if own.is_some() {
         eprintln!(
             "parity {dir}: EXACT against {dir}/greedy/{} (kernel set {} = {})",
             reference.name,
