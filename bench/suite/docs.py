@@ -23,7 +23,7 @@ DOC = os.path.join(REPO, "docs", "benchmarks.md")
 INTRO = """# Benchmarks
 
 Tempo9 against llama.cpp's `llama-server` on the same GGUF file, same machine, one
-run per scenario (method: `/work/shared/BENCH.md`; harness and meaning of every
+run per scenario (method: `bench/suite/README.md`; harness and meaning of every
 number: [`bench/suite/README.md`](../bench/suite/README.md)). This page is generated
 by `python3 bench/suite/docs.py` from the newest result of each scenario in
 `bench/results/`; the raw JSON beside each table holds every request, the
@@ -39,7 +39,7 @@ budget); their newest tables
 close this page.
 
 Models: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (`qwen`) and SmolLM2-135M-Instruct
-Q4_1 (`smollm2`), see `/work/shared/MODELS.md`.
+Q4_1 (`smollm2`), fetched by `scripts/fetch-models.sh`.
 """
 
 
