@@ -323,15 +323,20 @@ fn masked_stale_cells_do_not_matter() {
     );
 }
 
-/// One decode row per `(token, position, window)`, in one step; returns each row's
-/// logits. The token's K/V goes to the window's cell at its position.
+/// One decode row per `(token, position, window)`, in one step, batch-invariant
+/// (`StepBatch::batch_invariant`: a lone row of this F32 model's tinyBLAS weights
+/// is multiplied as a batch would be); returns each row's logits. The token's K/V
+/// goes to the window's cell at its position.
 fn decode_step(
     model: &Arc<Model>,
     kv: &Arc<tempo9_models::KvStore>,
     rows: &[(u32, usize, Vec<CellRun>)],
 ) -> Vec<Vec<f32>> {
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 2).unwrap();
-    let mut b = StepBatch::default();
+    let mut b = StepBatch {
+        batch_invariant: true,
+        ..StepBatch::default()
+    };
     for (i, (tok, pos, window)) in rows.iter().enumerate() {
         let cells: Vec<usize> = window
             .iter()
