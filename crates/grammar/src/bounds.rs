@@ -191,6 +191,13 @@ impl DigitTable {
     }
 }
 
+/// Whether mask `words` allows token `t`.
+fn allowed(words: &[u32], t: u32) -> bool {
+    words
+        .get(t as usize / 32)
+        .is_some_and(|x| x >> (t % 32) & 1 == 1)
+}
+
 /// Tokens that steer an answer to its end (see the module docs), per vocabulary.
 pub(crate) struct FinishTable {
     /// End-of-generation tokens.
@@ -228,10 +235,6 @@ impl FinishTable {
     /// (by `in_string`) only the string-closing or the structure-closing tokens if
     /// any is allowed; else leaves it.
     pub(crate) fn steer(&self, words: &mut [u32], in_string: bool) {
-        let allowed = |w: &[u32], t: u32| {
-            w.get(t as usize / 32)
-                .is_some_and(|x| x >> (t % 32) & 1 == 1)
-        };
         let closing = if in_string {
             &self.quote_closers
         } else {
@@ -302,10 +305,6 @@ impl DigitGuard {
 
     /// Clears from the mask `words` the tokens that would overflow the bound.
     pub(crate) fn restrict(&self, words: &mut [u32]) {
-        let allowed = |w: &[u32], t: u32| {
-            w.get(t as usize / 32)
-                .is_some_and(|x| x >> (t % 32) & 1 == 1)
-        };
         let over: Vec<u32> = self
             .table
             .leading

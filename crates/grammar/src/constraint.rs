@@ -106,6 +106,7 @@ impl GrammarCompiler {
                 reserve,
                 budget: None,
                 scan: JsonScan::default(),
+                history: Vec::new(),
             }),
         })
     }
@@ -130,6 +131,8 @@ struct Finish {
     /// The token budget at the first mask: the reserve is at most a quarter of it.
     budget: Option<usize>,
     scan: JsonScan,
+    /// The scan before each accepted token, for rollback.
+    history: Vec<JsonScan>,
 }
 
 impl Constraint {
@@ -186,6 +189,7 @@ impl Constraint {
         }
         if let Some(f) = &mut self.finish {
             if let Ok(env) = self.matcher.tok_env() {
+                f.history.push(f.scan);
                 f.scan.feed(env.tok_trie().token(token));
             }
         }
@@ -198,6 +202,13 @@ impl Constraint {
         self.matcher.rollback(n).map_err(|e| e.to_string())?;
         if let Some(d) = &mut self.digits {
             d.rollback(n);
+        }
+        if let Some(f) = &mut self.finish {
+            let keep = f.history.len().saturating_sub(n);
+            if let Some(&scan) = f.history.get(keep) {
+                f.scan = scan;
+            }
+            f.history.truncate(keep);
         }
         Ok(())
     }
@@ -220,6 +231,7 @@ impl Constraint {
             d.accept_text(text);
         }
         if let Some(f) = &mut self.finish {
+            f.history.clear();
             f.scan.feed(text.as_bytes());
         }
         Ok(())
