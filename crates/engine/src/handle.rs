@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use tempo9_models::Model;
 use tempo9_tokenizer::Tokenizer;
 
-use crate::core::{EngineConfig, EngineCore, EngineError, EngineStats, Limits, Ticket};
+use crate::core::{EngineConfig, EngineCore, EngineError, EngineStats, Limits};
 use crate::request::Request;
+use crate::stream::Ticket;
 use crate::{RequestStream, SubmitError};
 
 enum Command {

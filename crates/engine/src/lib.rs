@@ -5,6 +5,7 @@
 //! cache) and [`EngineHandle::submit`]; [`EngineCore`] is the same engine stepped
 //! by the caller.
 
+pub mod cache;
 mod core;
 mod handle;
 pub mod pages;
@@ -12,12 +13,13 @@ mod partial_page;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod sliding;
 pub mod ssd;
 mod stop;
+mod stream;
 
 pub use crate::core::{
-    default_threads, EngineConfig, EngineCore, EngineError, EngineStats, RequestStream,
-    SubmitError, CHUNK_ALIGN, KV_WINDOW_PAD,
+    default_threads, EngineConfig, EngineCore, EngineError, EngineStats, SubmitError,
 };
 pub use handle::{Engine, EngineHandle};
 pub use request::{
@@ -26,4 +28,6 @@ pub use request::{
 };
 pub use sampler::SamplingParams;
 pub use scheduler::Policy;
+pub use scheduler::{CHUNK_ALIGN, KV_WINDOW_PAD};
 pub use ssd::{SsdConfig, SsdStats};
+pub use stream::RequestStream;

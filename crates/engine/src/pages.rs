@@ -811,9 +811,21 @@ impl PagePool {
     /// left to compute, because the model must run on it to produce the next token's
     /// logits. Does not change the pool; [`PagePool::allocate`] takes the pages.
     pub fn lookup_prefix(&self, tokens: &[TokenId], salt: u64) -> PrefixMatch {
+        let max_pages = tokens.len().saturating_sub(1) / self.store.page_size;
+        self.cached_run(tokens, salt, max_pages)
+    }
+
+    /// The registered pages that the whole pages of `tokens` run through under `salt`
+    /// (as [`PagePool::lookup_prefix`], but the last page may end the tokens): where a
+    /// sequence's committed pages hang in the cache, its own or an equal twin's.
+    pub fn cached_pages(&self, tokens: &[TokenId], salt: u64) -> Vec<PageId> {
+        let max_pages = tokens.len() / self.store.page_size;
+        self.cached_run(tokens, salt, max_pages).pages
+    }
+
+    fn cached_run(&self, tokens: &[TokenId], salt: u64, max_pages: usize) -> PrefixMatch {
         let st = &self.store;
         let ps = st.page_size;
-        let max_pages = tokens.len().saturating_sub(1) / ps;
         let mut pages = Vec::new();
         let (mut parent, mut hash) = (None, ROOT_HASH);
         for page_tokens in tokens.chunks_exact(ps).take(max_pages) {

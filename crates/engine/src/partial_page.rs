@@ -33,10 +33,10 @@
 //! next turn the tail. A source fits a new prompt only under the same cached page
 //! (or both at the start), so everything before it is the same.
 
-use crate::core::CHUNK_ALIGN;
 use crate::pages::PageId;
 #[cfg(doc)]
 use crate::pages::PagePool;
+use crate::scheduler::CHUNK_ALIGN;
 
 /// Rows per block in ggml's repacked CPU matmuls: on x86 they take 16 rows at a
 /// time, then 4, then one, each with its own rounding (so a row's numbers depend on

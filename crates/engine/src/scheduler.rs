@@ -1,8 +1,58 @@
-//! Scheduling policy: the order in which requests get compute and memory.
+//! The scheduler: which tokens of which requests each step computes.
 //!
-//! Each step the core walks running requests in policy order (earlier ones get the
-//! token budget and pages first; when pages run out, the last ones are preempted)
-//! and admits waiting requests in the same order.
+//! [`plan`] turns the running requests' progress and the cache's state into a
+//! [`StepPlan`], a plain description of the step: each request's tokens to compute
+//! and the cells they write in every cache group, the requests preempted to make room
+//! (their pages freed) and those that can never fit. It reads no model, so it is
+//! tested on synthetic request states below. The engine core admits requests before
+//! planning (`core::admission`) and carries the plan out (`core::runner`).
+//!
+//! Requests at the decoding stage go first, then prompt chunks, each in policy order
+//! (earlier ones get the token budget and pages first; when pages run out, the last
+//! ones are preempted).
+
+use crate::cache::{Cells, KvCache};
+use crate::request::RequestId;
+
+/// Granularity of a sequence's attention window (cells). llama.cpp pads the same
+/// way, and ggml's CPU flash attention picks its kernel (and so its rounding) by
+/// window length, so equal padding gives llama.cpp's numbers, and a sequence's
+/// numbers do not depend on how its pages are laid out.
+pub const KV_WINDOW_PAD: usize = 256;
+
+/// Prompt chunks start at multiples of this many tokens (ggml's CPU flash-attention
+/// query tile and a multiple of the repacked matmuls' 16-row blocks), so a prompt
+/// token's arithmetic is the same however the prompt is cut into steps: alone,
+/// batched, after a prefix hit or after preemption.
+pub const CHUNK_ALIGN: usize = 64;
+
+/// Prompt tokens to compute next, out of `remaining`, within `limit`: all of them if
+/// they fit; else a multiple of [`CHUNK_ALIGN`] that leaves at least `CHUNK_ALIGN`
+/// for later (a shorter last chunk would run through another attention kernel).
+/// 0 when `limit` allows no such piece.
+pub(crate) fn prompt_piece(remaining: usize, limit: usize) -> usize {
+    if remaining <= limit {
+        return remaining;
+    }
+    let mut n = limit / CHUNK_ALIGN * CHUNK_ALIGN;
+    if remaining - n < CHUNK_ALIGN {
+        n = n.saturating_sub(CHUNK_ALIGN);
+    }
+    n
+}
+
+/// The prompt budget of a step under an ITL target: `fit` tokens (what the target
+/// allows at the recent cost per token) per decoding request's share, scaled by
+/// prompting / decoding requests when prompts outnumber decodes, as a multiple of
+/// [`CHUNK_ALIGN`] within `1..=full` chunks; `full` when nothing decodes.
+pub(crate) fn itl_budget(full: usize, fit: f64, decoding: usize, prompting: usize) -> usize {
+    if decoding == 0 || fit.is_nan() || fit <= 0.0 {
+        return full;
+    }
+    let share = prompting.max(decoding) as f64 / decoding as f64;
+    let n = (share * fit).min(full as f64) as usize;
+    (n / CHUNK_ALIGN * CHUNK_ALIGN).clamp(CHUNK_ALIGN.min(full), full)
+}
 
 /// Which request goes first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,7 +73,7 @@ pub enum Policy {
 }
 
 /// What the policy sees of a request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Rank {
     /// Submission order.
     pub arrival: u64,
@@ -55,9 +105,188 @@ impl Policy {
     }
 }
 
+/// What the scheduler sees of a running request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Progress {
+    pub id: RequestId,
+    pub rank: Rank,
+    /// Prompt tokens.
+    pub n_prompt: usize,
+    /// Tokens whose KV is in the cache.
+    pub n_computed: usize,
+    /// Tokens known: the prompt and those generated so far.
+    pub n_tokens: usize,
+}
+
+impl Progress {
+    /// Prompt tokens left to compute.
+    pub fn prompt_left(&self) -> usize {
+        self.n_prompt.saturating_sub(self.n_computed)
+    }
+
+    /// Whether its prompt is computed and a token is left to compute.
+    pub fn decoding(&self) -> bool {
+        self.n_computed >= self.n_prompt && self.n_computed < self.n_tokens
+    }
+}
+
+/// One running request's share of a step: its tokens `start..end` and their cells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Work {
+    pub id: RequestId,
+    pub start: usize,
+    pub end: usize,
+    pub cells: Cells,
+}
+
+/// A step, as the scheduler decided it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct StepPlan {
+    /// What to compute, in batch order: decodes first, then prompt chunks.
+    pub work: Vec<Work>,
+    /// Requests preempted for memory (their pages are freed): back to waiting, to be
+    /// recomputed when admitted again.
+    pub preempted: Vec<RequestId>,
+    /// Requests that cannot fit even alone (their pages are freed): they end.
+    pub out_of_memory: Vec<RequestId>,
+}
+
+/// Sort key of `p` under `policy`, its prompt work left costed at `cost_us` per
+/// token: smaller runs first.
+pub(crate) fn sort_key(policy: Policy, p: &Progress, cost_us: f64) -> (i64, u64) {
+    policy.key(p.rank, (p.prompt_left() as f64 * cost_us) as u64)
+}
+
+/// The next piece of work of `p`: while its prompt is not all computed, as much of
+/// it as `budget` allows (see [`prompt_piece`]); after that one token. Tokens
+/// generated before a preemption are recomputed one per step, as they were first
+/// computed, so a resumed request continues exactly.
+fn next_piece(p: &Progress, budget: usize) -> usize {
+    if p.n_computed < p.n_prompt {
+        let remaining = p.n_prompt - p.n_computed;
+        match prompt_piece(remaining, budget) {
+            // A budget of one aligned chunk cannot split 65..127 remaining tokens
+            // (the last chunk must not be shorter): take them all, exceeding it by
+            // less than a chunk, rather than never finishing.
+            0 if budget >= CHUNK_ALIGN && remaining < 2 * CHUNK_ALIGN => remaining,
+            n => n,
+        }
+    } else {
+        1
+    }
+}
+
+/// Plans a step over the running requests `running` (`cost_us`: recent compute cost
+/// per prompt token, for [`Policy::Shortest`]): up to `budget` prompt tokens, every
+/// decoding request's token on top, cells taken from `cache` (preempting the
+/// lowest-ranked requests when pages run out). `loads_pending`: some admitted
+/// request holds pages while its prefix is read from the SSD tier (a request alone
+/// that does not fit then waits for it rather than failing).
+pub(crate) fn plan(
+    running: &[Progress],
+    policy: Policy,
+    cost_us: f64,
+    mut budget: usize,
+    loads_pending: bool,
+    cache: &mut KvCache,
+) -> StepPlan {
+    let n = running.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| sort_key(policy, &running[i], cost_us));
+    // Progress as planned so far (several prompt chunks may be planned for one).
+    let mut at: Vec<Progress> = running.to_vec();
+    let mut planned = vec![false; n];
+    let mut preempted = vec![false; n];
+    let mut out_of_memory = vec![false; n];
+    let mut work: Vec<Work> = Vec::new();
+    for decode_pass in [true, false] {
+        for (k, &i) in order.iter().enumerate() {
+            loop {
+                if preempted[i] || out_of_memory[i] {
+                    break;
+                }
+                let p = at[i];
+                let decoding = p.n_computed >= p.n_prompt;
+                if decoding != decode_pass || p.n_computed == p.n_tokens {
+                    break;
+                }
+                let mut want = next_piece(&p, budget);
+                if want == 0 {
+                    break;
+                }
+                // Make room by preempting the lowest-ranked request not planned yet.
+                while cache.room(p.id) < want {
+                    let victim = order[k + 1..]
+                        .iter()
+                        .rev()
+                        .find(|&&j| !planned[j] && !preempted[j] && !out_of_memory[j]);
+                    match victim {
+                        Some(&j) => {
+                            preempted[j] = true;
+                            cache
+                                .free(running[j].id)
+                                .expect("running requests hold pages");
+                        }
+                        None => break,
+                    }
+                }
+                // A prompt chunk may shrink to what fits.
+                if !decode_pass && cache.room(p.id) < want {
+                    let fit = prompt_piece(p.prompt_left(), cache.room(p.id));
+                    if fit > 0 {
+                        want = fit;
+                    }
+                }
+                if cache.room(p.id) < want {
+                    if !planned[i] {
+                        // Higher-ranked requests hold the memory: wait for them.
+                        // Nothing is ranked higher (and no request holds pages for a
+                        // load from the SSD tier): it can never fit.
+                        let alone = order[..k].iter().all(|&j| preempted[j]);
+                        if alone && work.is_empty() && !loads_pending {
+                            out_of_memory[i] = true;
+                        } else {
+                            preempted[i] = true;
+                        }
+                        cache.free(p.id).expect("running requests hold pages");
+                    }
+                    break;
+                }
+                let cells = cache.append(p.id, want).expect("room was checked");
+                work.push(Work {
+                    id: p.id,
+                    start: p.n_computed,
+                    end: p.n_computed + want,
+                    cells,
+                });
+                at[i].n_computed += want;
+                planned[i] = true;
+                if decode_pass {
+                    // Decodes do not use the prompt budget: every running request gets
+                    // its token each step.
+                    break;
+                }
+                budget = budget.saturating_sub(want);
+            }
+        }
+    }
+    let ids = |flags: &[bool]| -> Vec<RequestId> {
+        (0..n)
+            .filter(|&i| flags[i])
+            .map(|i| running[i].id)
+            .collect()
+    };
+    StepPlan {
+        work,
+        preempted: ids(&preempted),
+        out_of_memory: ids(&out_of_memory),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pages::PagePool;
 
     #[test]
     fn orders() {
@@ -78,5 +307,177 @@ mod tests {
         assert!(Policy::Shortest.key(b, wb) < Policy::Shortest.key(a, wa));
         // Once a has been computed past the difference, it goes first.
         assert!(Policy::Shortest.key(a, 2_500_000) < Policy::Shortest.key(b, wb));
+    }
+
+    #[test]
+    fn itl_budget_grows_with_waiting_prompts() {
+        // Nothing decoding: no target to keep.
+        assert_eq!(itl_budget(512, 100.0, 0, 5), 512);
+        // One decoder, one prompt: what the target fits, in whole chunks.
+        assert_eq!(itl_budget(512, 150.0, 1, 1), 128);
+        // Fewer prompts than decoders: still the decoders' target.
+        assert_eq!(itl_budget(512, 150.0, 3, 1), 128);
+        // 15 prompts arrived with one decoder: their share, capped by `full`.
+        assert_eq!(itl_budget(512, 150.0, 1, 15), 512);
+        assert_eq!(itl_budget(512, 150.0, 2, 4), 256);
+        // Never below one chunk, nor above `full`.
+        assert_eq!(itl_budget(512, 1.0, 4, 1), CHUNK_ALIGN);
+        assert_eq!(itl_budget(32, 1.0, 4, 1), 32);
+        assert_eq!(itl_budget(512, f64::INFINITY, 1, 1), 512);
+    }
+
+    fn progress(id: RequestId, n_prompt: usize, n_computed: usize, n_tokens: usize) -> Progress {
+        Progress {
+            id,
+            rank: Rank {
+                arrival: id,
+                priority: 0,
+                arrived_us: id * 10,
+            },
+            n_prompt,
+            n_computed,
+            n_tokens,
+        }
+    }
+
+    /// A cache of `pages` pages of 64 tokens holding `seqs` (id, cached tokens).
+    fn cache_with(pages: usize, seqs: &[(RequestId, usize)]) -> KvCache {
+        let mut c = KvCache::new(PagePool::new(pages, 64));
+        for &(id, n) in seqs {
+            c.allocate(id, &[], 0).unwrap();
+            if n > 0 {
+                c.append(id, n).unwrap();
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn decodes_go_first_and_prompts_share_the_budget() {
+        // Two decoding requests, two prompts of 300 and 700 tokens.
+        let running = [
+            progress(3, 300, 0, 300),
+            progress(1, 10, 12, 13),
+            progress(4, 700, 0, 700),
+            progress(2, 10, 20, 21),
+        ];
+        let mut cache = cache_with(64, &[(1, 12), (2, 20), (3, 0), (4, 0)]);
+        let p = plan(&running, Policy::Fcfs, 1e3, 512, false, &mut cache);
+        let got: Vec<_> = p.work.iter().map(|w| (w.id, w.start, w.end)).collect();
+        // Decodes in policy order, then request 3's whole prompt and as much of 4's as
+        // the budget leaves, in whole chunks (212 -> 192).
+        assert_eq!(got, [(1, 12, 13), (2, 20, 21), (3, 0, 300), (4, 0, 192)]);
+        assert!(p.preempted.is_empty() && p.out_of_memory.is_empty());
+        for w in &p.work {
+            assert_eq!(w.cells.full.len(), w.end - w.start);
+            assert!(w.cells.sliding.is_empty());
+        }
+        cache.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn the_lowest_ranked_request_is_preempted_when_pages_run_out() {
+        // 4 pages of 64 tokens, all held: request 1 three, request 2 one. Both decode
+        // into a new page.
+        let running = [progress(1, 100, 192, 193), progress(2, 64, 64, 65)];
+        let mut cache = cache_with(4, &[(1, 192), (2, 64)]);
+        let p = plan(&running, Policy::Fcfs, 1e3, 512, false, &mut cache);
+        // Request 1 takes request 2's page; request 2 (ranked lower) is preempted
+        // rather than failed: a higher-ranked request holds the memory.
+        assert_eq!(p.work.len(), 1);
+        assert_eq!((p.work[0].id, p.work[0].start), (1, 192));
+        assert_eq!(p.preempted, [2]);
+        assert!(!cache.contains(2));
+        cache.check_invariants().unwrap();
+        // With a fifth page, both run.
+        let mut cache = cache_with(6, &[(1, 192), (2, 64)]);
+        let p = plan(&running, Policy::Fcfs, 1e3, 512, false, &mut cache);
+        assert_eq!(p.work.len(), 2);
+        assert!(p.preempted.is_empty());
+    }
+
+    #[test]
+    fn a_request_that_cannot_fit_alone_runs_out_of_memory() {
+        let running = [progress(7, 1000, 0, 1000)];
+        let mut cache = cache_with(2, &[(7, 0)]);
+        let p = plan(&running, Policy::Fcfs, 1e3, 4096, false, &mut cache);
+        // A first chunk that fits (two pages) is planned; it never runs out here.
+        assert_eq!(p.work[0].end, 128);
+        // Once its pages are full it cannot continue, and nothing ranks above it.
+        let running = [progress(7, 1000, 128, 1000)];
+        let p = plan(&running, Policy::Fcfs, 1e3, 4096, false, &mut cache);
+        assert!(p.work.is_empty());
+        assert_eq!(p.out_of_memory, [7]);
+        // While a load from the SSD tier holds pages, it waits instead.
+        let mut cache = cache_with(2, &[(7, 128)]);
+        let p = plan(&running, Policy::Fcfs, 1e3, 4096, true, &mut cache);
+        assert_eq!(p.preempted, [7]);
+        assert!(p.out_of_memory.is_empty());
+        cache.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn priority_orders_prompt_chunks() {
+        let mut a = progress(1, 512, 0, 512);
+        let mut b = progress(2, 512, 0, 512);
+        a.rank.priority = 5;
+        b.rank.priority = -1;
+        let mut cache = cache_with(64, &[(1, 0), (2, 0)]);
+        let p = plan(&[a, b], Policy::Priority, 1e3, 512, false, &mut cache);
+        let got: Vec<_> = p.work.iter().map(|w| (w.id, w.end)).collect();
+        assert_eq!(got, [(2, 512)]);
+    }
+
+    #[test]
+    fn random_workloads_keep_the_accounting() {
+        // Random request states over small pools: every plan stays within the budget
+        // and the pages, cells are distinct, and freeing everything returns the pool
+        // to empty.
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % m as u64) as usize
+        };
+        for _ in 0..300 {
+            let pages = 2 + next(30);
+            let mut cache = KvCache::new(PagePool::new(pages, 64));
+            let mut running = Vec::new();
+            for id in 1..=(1 + next(6)) as u64 {
+                let n_prompt = 1 + next(900);
+                let n_computed = if next(2) == 0 { 0 } else { n_prompt + next(40) };
+                let n_tokens = n_computed.max(n_prompt) + 1;
+                cache.allocate(id, &[], 0).unwrap();
+                if n_computed > 0 && cache.append(id, n_computed).is_err() {
+                    cache.free(id).unwrap();
+                    continue;
+                }
+                running.push(progress(id, n_prompt, n_computed, n_tokens));
+            }
+            let budget = 64 * (1 + next(8));
+            let p = plan(&running, Policy::Fcfs, 1e3, budget, false, &mut cache);
+            cache.check_invariants().unwrap();
+            let prompt: usize = p
+                .work
+                .iter()
+                .filter(|w| w.start < running.iter().find(|r| r.id == w.id).unwrap().n_prompt)
+                .map(|w| w.end - w.start)
+                .sum();
+            assert!(prompt <= budget + CHUNK_ALIGN, "{prompt} > {budget}");
+            let mut cells: Vec<usize> = p.work.iter().flat_map(|w| w.cells.full.clone()).collect();
+            let n = cells.len();
+            cells.sort_unstable();
+            cells.dedup();
+            assert_eq!(cells.len(), n, "a cell handed out twice");
+            for r in &running {
+                if cache.contains(r.id) {
+                    cache.free(r.id).unwrap();
+                }
+            }
+            let s = cache.stats().full;
+            assert_eq!(s.in_use, 0);
+            assert_eq!(s.free + s.cached, pages);
+        }
     }
 }

@@ -1,5 +1,7 @@
 //! Which attention ops a step needs: the plan that maps a [`StepBatch`]'s sequences
-//! onto attention ops (flash attention, or matmuls for long decode rows on the CPU).
+//! onto attention ops (flash attention, or matmuls for long decode rows on the CPU),
+//! one plan per cache group over the sequences' views of that group (all of what
+//! follows holds within each group; a layer runs its group's ops).
 //!
 //! Every sequence's numbers must not depend on what else shares the step, and
 //! ggml's CPU flash attention picks its kernel by shape: the tiled kernel from 64
@@ -28,7 +30,7 @@
 use std::borrow::Cow;
 
 use crate::kv::NEG_INF_F16;
-use crate::{CellRun, SeqSpan, StepBatch};
+use crate::{CellRun, KvView, StepBatch};
 
 /// From this many cells, a single query row alone in its op takes the KV-split
 /// kernel; such rows keep their own op.
@@ -167,35 +169,46 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-/// The attention ops of `batch`, in row order, for a KV pool of `n_cells` cells.
-/// `cpu`: the graph runs on ggml's CPU backend, whose kernel choice limits which
-/// rows may share an op (see the module docs).
-pub(crate) fn plan(batch: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'_>> {
+/// The attention ops of `batch` in cache group `cg` (over each sequence's
+/// `views[cg]`), in row order, for the group's pool of `n_cells` cells. `cpu`: the
+/// graph runs on ggml's CPU backend, whose kernel choice limits which rows may
+/// share an op (see the module docs). Groups are planned independently: each
+/// sequence's numbers in a group depend only on its own view there.
+pub(crate) fn plan(batch: &StepBatch, cg: usize, n_cells: usize, cpu: bool) -> Vec<AttnOp<'_>> {
     let mut ops = Vec::with_capacity(batch.seqs.len());
     let mut group: Vec<Member> = Vec::new();
+    let pl = Planner { batch, cg, n_cells };
     for (i, s) in batch.seqs.iter().enumerate() {
-        let matmul = cpu && matmul_decode(s);
-        let segs = if s.n_rows == 1
-            && !s.tiled_prompt
-            && (!cpu || (s.n_kv() < FA_SPLIT_KV_MIN && !matmul))
-        {
-            ascending_visible(&s.window, &s.mask)
+        let view = &s.views[cg];
+        let decode = s.n_rows == 1 && !s.tiled_prompt;
+        let matmul = cpu && decode && matmul_decode(view);
+        let segs = if decode && (!cpu || (view.n_kv() < FA_SPLIT_KV_MIN && !matmul)) {
+            ascending_visible(&view.window, &view.mask)
         } else {
             None
         };
         let Some(segs) = segs else {
-            flush(batch, &mut group, &mut ops, n_cells);
-            ops.push(own_op(batch, i, cpu, matmul));
+            pl.flush(&mut group, &mut ops);
+            ops.push(pl.own_op(i, cpu, matmul));
             continue;
         };
         let m = Member { seq: i, segs };
         if !group.is_empty() && !fits(&group, &m, n_cells) {
-            flush(batch, &mut group, &mut ops, n_cells);
+            pl.flush(&mut group, &mut ops);
         }
         group.push(m);
     }
-    flush(batch, &mut group, &mut ops, n_cells);
+    pl.flush(&mut group, &mut ops);
     ops
+}
+
+/// What the ops of one cache group are planned over.
+struct Planner<'b> {
+    batch: &'b StepBatch,
+    /// The cache group.
+    cg: usize,
+    /// Cells of its pool.
+    n_cells: usize,
 }
 
 /// Whether `m` may join `group`: its window starts elsewhere than every member's
@@ -215,120 +228,119 @@ fn fits(group: &[Member], m: &Member, n_cells: usize) -> bool {
         && regions * width <= GROUP_SCAN_FACTOR * visible + GROUP_SLACK_CELLS
 }
 
-/// Emits the pending group: one strided op, or the lone row's own op.
-fn flush<'b>(
-    batch: &'b StepBatch,
-    group: &mut Vec<Member>,
-    ops: &mut Vec<AttnOp<'b>>,
-    n_cells: usize,
-) {
-    match group.len() {
-        0 => {}
-        // Members are decode rows (never a tiled prompt's chunk): nothing to pad.
-        1 => ops.push(own_op(batch, group[0].seq, false, false)),
-        _ => ops.push(strided_op(batch, group, n_cells)),
-    }
-    group.clear();
-}
-
-/// Whether `s` is a decode row that attends through matmuls on the CPU
+/// Whether a decode row's `view` has it attend through matmuls on the CPU
 /// ([`MATMUL_DECODE_ABOVE`]).
-fn matmul_decode(s: &SeqSpan) -> bool {
-    s.n_rows == 1
-        && !s.tiled_prompt
-        && s.mask.iter().filter(|&&m| m != NEG_INF_F16).count() > MATMUL_DECODE_ABOVE
+fn matmul_decode(view: &KvView) -> bool {
+    view.mask.iter().filter(|&&m| m != NEG_INF_F16).count() > MATMUL_DECODE_ABOVE
 }
 
-/// Sequence `i` attending over its own window; on the CPU a short chunk of a tiled
-/// prompt is padded to [`FA_TILE_ROWS`] query rows (the padding rows' masks repeat
-/// the last row's, so the tile skips exactly the KV tiles it would skip unpadded).
-/// `matmul`: a decode row attending through matmuls ([`matmul_decode`]).
-fn own_op(batch: &StepBatch, i: usize, cpu: bool, matmul: bool) -> AttnOp<'_> {
-    let s = &batch.seqs[i];
-    let fa_rows = if cpu && s.tiled_prompt && s.n_rows < FA_TILE_ROWS {
-        FA_TILE_ROWS
-    } else {
-        s.n_rows
-    };
-    let pad = |m: &[u16]| {
-        let n_kv = s.n_kv();
-        let mut out = m.to_vec();
-        let last = &m[(s.n_rows - 1) * n_kv..];
-        for _ in s.n_rows..fa_rows {
-            out.extend_from_slice(last);
+impl<'b> Planner<'b> {
+    /// Emits the pending group: one strided op, or the lone row's own op.
+    fn flush(&self, group: &mut Vec<Member>, ops: &mut Vec<AttnOp<'b>>) {
+        match group.len() {
+            0 => {}
+            // Members are decode rows (never a tiled prompt's chunk): nothing to pad.
+            1 => ops.push(self.own_op(group[0].seq, false, false)),
+            _ => ops.push(self.strided_op(group)),
         }
-        out
-    };
-    let (mask, mask_swa) = if fa_rows > s.n_rows {
-        (
-            Cow::Owned(pad(&s.mask)),
-            s.mask_swa.as_deref().map(|m| Cow::Owned(pad(m))),
-        )
-    } else {
-        (
-            Cow::Borrowed(s.mask.as_slice()),
-            s.mask_swa.as_deref().map(Cow::Borrowed),
-        )
-    };
-    AttnOp {
-        row_start: s.row_start,
-        n_rows: s.n_rows,
-        fa_rows,
-        runs: s.window.clone(),
-        mask,
-        mask_swa,
-        strided: None,
-        matmul,
+        group.clear();
     }
-}
 
-/// Decode rows `group` (consecutive in the batch, windows on a common grid)
-/// attending in one op over equally spaced regions of the pool, each
-/// [`WIDTH_GRANULE`]-rounded when the pool has room.
-fn strided_op<'b>(batch: &'b StepBatch, group: &[Member], n_cells: usize) -> AttnOp<'b> {
-    let (b0, stride, n_regions, width) = layout(&group.iter().collect::<Vec<_>>());
-    let rounded = width.next_multiple_of(WIDTH_GRANULE);
-    let b1 = b0 + (n_regions - 1) * stride;
-    let width = if b1 + rounded <= n_cells && b0 + n_regions * rounded <= n_cells {
-        rounded
-    } else {
-        width
-    };
-    let swa = batch.seqs[group[0].seq].mask_swa.is_some();
-    let first = &batch.seqs[group[0].seq];
-    let mut q_rows = vec![first.row_start as i32; n_regions];
-    let mut regions = Vec::with_capacity(group.len());
-    let mut mask = vec![NEG_INF_F16; width * n_regions];
-    let mut mask_swa = swa.then(|| vec![NEG_INF_F16; width * n_regions]);
-    for m in group {
-        let s = &batch.seqs[m.seq];
-        let j = (m.base() - b0) / stride;
-        q_rows[j] = s.row_start as i32;
-        regions.push(j as i32);
-        for g in &m.segs {
-            let at = j * width + g.cell - m.base();
-            mask[at..at + g.len].copy_from_slice(&s.mask[g.w..g.w + g.len]);
-            if let (Some(dst), Some(src)) = (mask_swa.as_mut(), s.mask_swa.as_ref()) {
-                dst[at..at + g.len].copy_from_slice(&src[g.w..g.w + g.len]);
+    /// Sequence `i` attending over its own window; on the CPU a short chunk of a
+    /// tiled prompt is padded to [`FA_TILE_ROWS`] query rows (the padding rows'
+    /// masks repeat the last row's, so the tile skips exactly the KV tiles it would
+    /// skip unpadded). `matmul`: a decode row attending through matmuls
+    /// ([`matmul_decode`]).
+    fn own_op(&self, i: usize, cpu: bool, matmul: bool) -> AttnOp<'b> {
+        let s = &self.batch.seqs[i];
+        let view = &s.views[self.cg];
+        let fa_rows = if cpu && s.tiled_prompt && s.n_rows < FA_TILE_ROWS {
+            FA_TILE_ROWS
+        } else {
+            s.n_rows
+        };
+        let pad = |m: &[u16]| {
+            let n_kv = view.n_kv();
+            let mut out = m.to_vec();
+            let last = &m[(s.n_rows - 1) * n_kv..];
+            for _ in s.n_rows..fa_rows {
+                out.extend_from_slice(last);
+            }
+            out
+        };
+        let (mask, mask_swa) = if fa_rows > s.n_rows {
+            (
+                Cow::Owned(pad(&view.mask)),
+                view.mask_swa.as_deref().map(|m| Cow::Owned(pad(m))),
+            )
+        } else {
+            (
+                Cow::Borrowed(view.mask.as_slice()),
+                view.mask_swa.as_deref().map(Cow::Borrowed),
+            )
+        };
+        AttnOp {
+            row_start: s.row_start,
+            n_rows: s.n_rows,
+            fa_rows,
+            runs: view.window.clone(),
+            mask,
+            mask_swa,
+            strided: None,
+            matmul,
+        }
+    }
+
+    /// Decode rows `group` (consecutive in the batch, windows on a common grid)
+    /// attending in one op over equally spaced regions of the pool, each
+    /// [`WIDTH_GRANULE`]-rounded when the pool has room.
+    fn strided_op(&self, group: &[Member]) -> AttnOp<'b> {
+        let n_cells = self.n_cells;
+        let (b0, stride, n_regions, width) = layout(&group.iter().collect::<Vec<_>>());
+        let rounded = width.next_multiple_of(WIDTH_GRANULE);
+        let b1 = b0 + (n_regions - 1) * stride;
+        let width = if b1 + rounded <= n_cells && b0 + n_regions * rounded <= n_cells {
+            rounded
+        } else {
+            width
+        };
+        let view = |m: &Member| &self.batch.seqs[m.seq].views[self.cg];
+        let swa = view(&group[0]).mask_swa.is_some();
+        let first = &self.batch.seqs[group[0].seq];
+        let mut q_rows = vec![first.row_start as i32; n_regions];
+        let mut regions = Vec::with_capacity(group.len());
+        let mut mask = vec![NEG_INF_F16; width * n_regions];
+        let mut mask_swa = swa.then(|| vec![NEG_INF_F16; width * n_regions]);
+        for m in group {
+            let (s, v) = (&self.batch.seqs[m.seq], view(m));
+            let j = (m.base() - b0) / stride;
+            q_rows[j] = s.row_start as i32;
+            regions.push(j as i32);
+            for g in &m.segs {
+                let at = j * width + g.cell - m.base();
+                mask[at..at + g.len].copy_from_slice(&v.mask[g.w..g.w + g.len]);
+                if let (Some(dst), Some(src)) = (mask_swa.as_mut(), v.mask_swa.as_ref()) {
+                    dst[at..at + g.len].copy_from_slice(&src[g.w..g.w + g.len]);
+                }
             }
         }
-    }
-    AttnOp {
-        row_start: first.row_start,
-        n_rows: group.len(),
-        fa_rows: group.len(),
-        runs: vec![CellRun {
-            start: b0,
-            len: width,
-        }],
-        mask: Cow::Owned(mask),
-        mask_swa: mask_swa.map(Cow::Owned),
-        strided: Some(Strided {
-            stride,
-            q_rows,
-            regions,
-        }),
-        matmul: false,
+        AttnOp {
+            row_start: first.row_start,
+            n_rows: group.len(),
+            fa_rows: group.len(),
+            runs: vec![CellRun {
+                start: b0,
+                len: width,
+            }],
+            mask: Cow::Owned(mask),
+            mask_swa: mask_swa.map(Cow::Owned),
+            strided: Some(Strided {
+                stride,
+                q_rows,
+                regions,
+            }),
+            matmul: false,
+        }
     }
 }
 
@@ -357,6 +369,11 @@ mod tests {
     use super::*;
     use crate::{MaskBuilder, SeqSpan};
 
+    /// The plan of the single cache group of these tests.
+    fn plan(b: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'_>> {
+        super::plan(b, 0, n_cells, cpu)
+    }
+
     fn decode(row: usize, runs: &[(usize, usize)], pos: i32) -> SeqSpan {
         let window: Vec<CellRun> = runs
             .iter()
@@ -368,9 +385,11 @@ mod tests {
         SeqSpan {
             row_start: row,
             n_rows: 1,
-            window,
-            mask: m.into_data(),
-            mask_swa: None,
+            views: vec![KvView {
+                window,
+                mask: m.into_data(),
+                mask_swa: None,
+            }],
             tiled_prompt: false,
         }
     }
@@ -380,7 +399,7 @@ mod tests {
         StepBatch {
             tokens: vec![0; n],
             positions: vec![0; n],
-            kv_slots: vec![0; n],
+            kv_slots: vec![vec![0; n]],
             seqs,
             output_rows: vec![0],
             batch_invariant: false,
@@ -484,7 +503,7 @@ mod tests {
         let mut m = MaskBuilder::new(4, 2);
         m.allow_prefix(0, 0, None);
         m.allow_prefix(1, 1, None);
-        chunk.mask = m.into_data();
+        chunk.views[0].mask = m.into_data();
         let b = batch(vec![
             decode(0, &[(0, 4)], 3),
             decode(1, &[(64, 4)], 3),
@@ -494,5 +513,41 @@ mod tests {
         let ops = plan(&b, 1024, true);
         let shape: Vec<(usize, usize)> = ops.iter().map(|o| (o.row_start, o.n_rows)).collect();
         assert_eq!(shape, vec![(0, 2), (2, 2), (4, 1)]);
+    }
+
+    /// Each cache group is planned on its own views: decode rows whose full-group
+    /// windows are long (their own ops, ggml's KV-split kernel) share one strided
+    /// op in a sliding group where their windows are short.
+    #[test]
+    fn each_cache_group_is_planned_on_its_views() {
+        let with_sliding = |row: usize, full_start: usize, ring_start: usize| {
+            let mut s = decode(row, &[(full_start, 600)], 200);
+            // The sliding view holds positions 128..256; the row sees 181..=200.
+            let mut m = MaskBuilder::new(128, 1);
+            m.allow_prefix_from(0, 200, Some(20), 128);
+            s.views.push(KvView {
+                window: vec![CellRun {
+                    start: ring_start,
+                    len: 128,
+                }],
+                mask: m.into_data(),
+                mask_swa: None,
+            });
+            s
+        };
+        let mut b = batch(vec![with_sliding(0, 0, 0), with_sliding(1, 1024, 256)]);
+        b.kv_slots.push(vec![0; 2]);
+        let full = super::plan(&b, 0, 2048, true);
+        assert_eq!(full.len(), 2);
+        assert!(full.iter().all(|o| o.strided.is_none() && !o.matmul));
+        let sliding = super::plan(&b, 1, 512, true);
+        assert_eq!(sliding.len(), 1);
+        let op = &sliding[0];
+        let st = op.strided.as_ref().expect("strided");
+        assert_eq!((st.stride, st.regions.clone()), (256, vec![0, 1]));
+        // Each region is its row's 20 visible cells, from cell 53 of its window.
+        assert_eq!(op.runs, vec![CellRun { start: 53, len: 20 }]);
+        assert!(op.mask.iter().all(|&m| m != NEG_INF_F16));
+        assert_eq!(op.mask.len(), 40);
     }
 }

@@ -1,28 +1,39 @@
 //! KV storage the graphs attend over, and the attention mask that tells each
 //! token which cells it may see.
 //!
-//! Storage is a pool of `n_cells` cells per layer (one cell = one token's K and V
-//! rows, F16). Which cells a sequence owns is the engine's business: a step only
-//! says where each new token's K/V goes (`StepBatch::kv_slots`), which window of
-//! cells each sequence attends over, and which of them each token sees (the mask).
-//! Masked cells cost nothing in ggml's CPU flash attention.
+//! Storage is a pool of cells per layer (one cell = one token's K and V rows, F16),
+//! of one size for all layers of a cache group ([`crate::CacheGroup`]). Which cells
+//! a sequence owns is the engine's business: a step only says where each new
+//! token's K/V goes in each group (`StepBatch::kv_slots`), which window of cells
+//! each sequence attends over in each group, and which of them each token sees
+//! (the masks). Masked cells cost nothing in ggml's CPU flash attention.
 
 use tempo9_ggml::{f32_to_f16_bits, Buffer, DType, Device, DeviceKind, Tensor, TensorStore};
 
+use crate::cache::{CacheGroup, GroupKind};
 use crate::weights::Offload;
 use crate::{HParams, ModelError};
 
-/// Per-layer K and V pools on one device.
+/// Per-layer K and V pools, one pool size per cache group.
 pub struct KvStore {
     store: TensorStore,
-    n_cells: usize,
-    n_layer: usize,
+    groups: Vec<CacheGroup>,
+    /// Cells per group.
+    cells: Vec<usize>,
+    /// Each layer's group.
+    group_of: Vec<usize>,
 }
 
 impl KvStore {
-    /// Allocates `n_cells` cells for every layer of a model with `hp` on `device`.
-    pub fn new(hp: &HParams, device: Device, n_cells: usize) -> Result<KvStore, ModelError> {
-        KvStore::with_offload(hp, device, n_cells, Offload::All)
+    /// Allocates, for every layer of a model with `hp` on `device`, `cells[g]` cells
+    /// where `g` is the layer's group in `groups`.
+    pub fn new(
+        hp: &HParams,
+        device: Device,
+        groups: &[CacheGroup],
+        cells: &[usize],
+    ) -> Result<KvStore, ModelError> {
+        KvStore::with_offload(hp, device, groups, cells, Offload::All)
     }
 
     /// Like [`KvStore::new`], with each layer's cells where its weights are: on
@@ -32,23 +43,23 @@ impl KvStore {
     pub fn with_offload(
         hp: &HParams,
         device: Device,
-        n_cells: usize,
+        groups: &[CacheGroup],
+        cells: &[usize],
         offload: Offload,
     ) -> Result<KvStore, ModelError> {
-        if n_cells == 0 {
-            return Err(ModelError::BadHParams("KV store with zero cells".into()));
-        }
+        let group_of = check_groups(hp, groups, cells)?;
         let mut store = TensorStore::new(2 * hp.n_layer)?;
-        for il in 0..hp.n_layer {
+        for (il, &g) in group_of.iter().enumerate() {
+            let n_cells = cells[g] as i64;
             store.add(
                 &format!("cache_k_l{il}"),
                 DType::F16,
-                &[hp.n_embd_k() as i64, n_cells as i64],
+                &[hp.n_embd_k() as i64, n_cells],
             );
             store.add(
                 &format!("cache_v_l{il}"),
                 DType::F16,
-                &[hp.n_embd_v() as i64, n_cells as i64],
+                &[hp.n_embd_v() as i64, n_cells],
             );
         }
         let on_device =
@@ -92,14 +103,30 @@ impl KvStore {
         }
         Ok(KvStore {
             store,
-            n_cells,
-            n_layer: hp.n_layer,
+            groups: groups.to_vec(),
+            cells: cells.to_vec(),
+            group_of,
         })
     }
 
-    /// Number of cells per layer.
-    pub fn n_cells(&self) -> usize {
-        self.n_cells
+    /// Number of cache groups.
+    pub fn n_groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// The cache groups, as built.
+    pub fn groups(&self) -> &[CacheGroup] {
+        &self.groups
+    }
+
+    /// Number of cells per layer of group `group`.
+    pub fn n_cells(&self, group: usize) -> usize {
+        self.cells[group]
+    }
+
+    /// The group of layer `layer`.
+    pub fn group_of(&self, layer: usize) -> usize {
+        self.group_of[layer]
     }
 
     /// Bytes of KV memory reserved (address space; host pages are committed on write).
@@ -107,22 +134,28 @@ impl KvStore {
         self.store.buffers().iter().map(|b| b.size()).sum()
     }
 
-    /// Bytes that [`KvStore::read_cells`] returns for `n` cells: every layer's K and V
-    /// rows of those cells.
-    pub fn cells_bytes(&self, n: usize) -> usize {
-        (0..self.n_layer)
-            .map(|il| (self.k(il).nb()[1] + self.v(il).nb()[1]) * n)
+    /// Bytes that [`KvStore::read_cells`] returns for `n` cells of `group`: its
+    /// layers' K and V rows of those cells.
+    pub fn cells_bytes(&self, group: usize, n: usize) -> usize {
+        self.groups[group]
+            .layers
+            .iter()
+            .map(|&il| (self.k(il).nb()[1] + self.v(il).nb()[1]) * n)
             .sum()
     }
 
-    /// Copies the K and V rows of cells `start..start + n` of every layer out, layer by
-    /// layer (K then V): [`KvStore::cells_bytes`]`(n)` bytes. Cells of one page are
-    /// contiguous in every pool, so this is `2 * n_layer` plain copies.
-    pub fn read_cells(&self, start: usize, n: usize) -> Result<Vec<u8>, ModelError> {
-        assert!(start + n <= self.n_cells, "cells {start}+{n} out of range");
-        let mut out = vec![0u8; self.cells_bytes(n)];
+    /// Copies the K and V rows of cells `start..start + n` of `group` out, layer by
+    /// layer of the group (K then V): [`KvStore::cells_bytes`]`(group, n)` bytes.
+    /// Cells of one page are contiguous in every pool, so this is two plain copies
+    /// per layer.
+    pub fn read_cells(&self, group: usize, start: usize, n: usize) -> Result<Vec<u8>, ModelError> {
+        assert!(
+            start + n <= self.cells[group],
+            "cells {start}+{n} out of range of group {group}"
+        );
+        let mut out = vec![0u8; self.cells_bytes(group, n)];
         let mut at = 0;
-        for il in 0..self.n_layer {
+        for &il in &self.groups[group].layers {
             for t in [self.k(il), self.v(il)] {
                 let row = t.nb()[1];
                 t.read_bytes(start * row, &mut out[at..at + n * row])?;
@@ -132,19 +165,28 @@ impl KvStore {
         Ok(out)
     }
 
-    /// Writes back what [`KvStore::read_cells`] returned for `n` cells into cells
-    /// `start..start + n`.
-    pub fn write_cells(&self, start: usize, n: usize, data: &[u8]) -> Result<(), ModelError> {
-        assert!(start + n <= self.n_cells, "cells {start}+{n} out of range");
-        if data.len() != self.cells_bytes(n) {
+    /// Writes back what [`KvStore::read_cells`] returned for `n` cells of `group`
+    /// into its cells `start..start + n`.
+    pub fn write_cells(
+        &self,
+        group: usize,
+        start: usize,
+        n: usize,
+        data: &[u8],
+    ) -> Result<(), ModelError> {
+        assert!(
+            start + n <= self.cells[group],
+            "cells {start}+{n} out of range of group {group}"
+        );
+        if data.len() != self.cells_bytes(group, n) {
             return Err(ModelError::BadHParams(format!(
-                "KV data of {} bytes for {n} cells, expected {}",
+                "KV data of {} bytes for {n} cells of group {group}, expected {}",
                 data.len(),
-                self.cells_bytes(n)
+                self.cells_bytes(group, n)
             )));
         }
         let mut at = 0;
-        for il in 0..self.n_layer {
+        for &il in &self.groups[group].layers {
             for t in [self.k(il), self.v(il)] {
                 let row = t.nb()[1];
                 t.write_bytes(start * row, &data[at..at + n * row])?;
@@ -154,17 +196,70 @@ impl KvStore {
         Ok(())
     }
 
-    /// K pool of layer `il`: `[n_embd_k, n_cells]`.
+    /// K pool of layer `il`: `[n_embd_k, n_cells(group_of(il))]`.
     pub fn k(&self, il: usize) -> Tensor<'_> {
-        assert!(il < self.n_layer);
+        assert!(il < self.group_of.len());
         self.store.get(2 * il)
     }
 
-    /// V pool of layer `il`: `[n_embd_v, n_cells]`.
+    /// V pool of layer `il`: `[n_embd_v, n_cells(group_of(il))]`.
     pub fn v(&self, il: usize) -> Tensor<'_> {
-        assert!(il < self.n_layer);
+        assert!(il < self.group_of.len());
         self.store.get(2 * il + 1)
     }
+}
+
+/// Checks that `groups` with `cells` fit a model with `hp`; returns each layer's
+/// group. Group 0 is `Full` (a prefix index hangs on it), every layer is in exactly
+/// one group, and a `Sliding` group holds only sliding layers of the model's window
+/// (its pool may be too short for anything else).
+fn check_groups(
+    hp: &HParams,
+    groups: &[CacheGroup],
+    cells: &[usize],
+) -> Result<Vec<usize>, ModelError> {
+    let bad = |s: String| Err(ModelError::BadHParams(s));
+    if groups.first().is_none_or(|g| g.kind != GroupKind::Full) {
+        return bad("KV store without a Full group 0".into());
+    }
+    if cells.len() != groups.len() {
+        return bad(format!(
+            "{} cell counts for {} cache groups",
+            cells.len(),
+            groups.len()
+        ));
+    }
+    let mut group_of = vec![usize::MAX; hp.n_layer];
+    for (g, group) in groups.iter().enumerate() {
+        if cells[g] == 0 || group.layers.is_empty() {
+            return bad(format!("cache group {g} has no cells or no layers"));
+        }
+        if let GroupKind::Sliding { window } = group.kind {
+            if Some(window as u32) != hp.swa_window {
+                return bad(format!(
+                    "cache group {g} slides over {window} tokens, the model over {:?}",
+                    hp.swa_window
+                ));
+            }
+        }
+        for &il in &group.layers {
+            if il >= hp.n_layer || group_of[il] != usize::MAX {
+                return bad(format!(
+                    "layer {il} outside the model or in two cache groups"
+                ));
+            }
+            if group.kind != GroupKind::Full && !hp.is_swa[il] {
+                return bad(format!(
+                    "full-attention layer {il} in sliding cache group {g}"
+                ));
+            }
+            group_of[il] = g;
+        }
+    }
+    if let Some(il) = group_of.iter().position(|&g| g == usize::MAX) {
+        return bad(format!("layer {il} in no cache group"));
+    }
+    Ok(group_of)
 }
 
 /// Builds the F16 attention mask `[n_kv, n_tokens]` of a step: 0 where a token may
@@ -205,9 +300,24 @@ impl MaskBuilder {
     /// cell `i` of the window holds position `i` (a sequence stored in order from the
     /// window's start); `window` limits how far back a sliding layer looks.
     pub fn allow_prefix(&mut self, row: usize, pos: i32, window: Option<u32>) {
-        assert!(row < self.n_tokens && pos >= 0 && (pos as usize) < self.n_kv);
-        let lo = window.map_or(0, |w| (pos as i64 - w as i64 + 1).max(0) as usize);
-        let hi = pos as usize + 1;
+        self.allow_prefix_from(row, pos, window, 0);
+    }
+
+    /// Like [`MaskBuilder::allow_prefix`] for a window that starts later in the
+    /// sequence: cell `i` holds position `base + i` (a sliding group's window drops
+    /// the pages no row of the step can see). Row `row` sees positions
+    /// `max(base, pos - window + 1)..=pos`; `base <= pos` (a token sees itself).
+    pub fn allow_prefix_from(&mut self, row: usize, pos: i32, window: Option<u32>, base: i32) {
+        assert!(row < self.n_tokens && base >= 0 && pos >= base);
+        assert!(
+            ((pos - base) as usize) < self.n_kv,
+            "position {pos} outside the window"
+        );
+        let first = window
+            .map_or(0, |w| pos as i64 - w as i64 + 1)
+            .max(base as i64);
+        let lo = (first - base as i64) as usize;
+        let hi = (pos - base) as usize + 1;
         let zero = f32_to_f16_bits(0.0);
         let start = row * self.n_kv;
         if self.data.len() <= start {
@@ -236,12 +346,17 @@ impl MaskBuilder {
 mod tests {
     use super::*;
 
+    /// A row allowed in a test mask: `(row, pos, window, base)`, where window cell
+    /// `c` holds position `base + c`.
+    type Row = (usize, i32, Option<u32>, i32);
+
     /// The mask cell by cell: what every way of building it must give.
-    fn naive(n_kv: usize, rows: &[(usize, i32, Option<u32>)], n_tokens: usize) -> Vec<u16> {
+    fn naive(n_kv: usize, rows: &[Row], n_tokens: usize) -> Vec<u16> {
         let mut m = vec![NEG_INF_F16; n_kv * n_tokens];
-        for &(row, pos, window) in rows {
+        for &(row, pos, window, base) in rows {
             for c in 0..n_kv as i64 {
-                let seen = c <= pos as i64 && window.is_none_or(|w| c > pos as i64 - w as i64);
+                let p = base as i64 + c;
+                let seen = p <= pos as i64 && window.is_none_or(|w| p > pos as i64 - w as i64);
                 if seen {
                     m[row * n_kv + c as usize] = f32_to_f16_bits(0.0);
                 }
@@ -253,25 +368,43 @@ mod tests {
     #[test]
     fn mask_rows_in_order_out_of_order_and_reused() {
         let n_kv = 40;
-        let cases: [&[(usize, i32, Option<u32>)]; 3] = [
+        let cases: [&[Row]; 5] = [
             // A prompt chunk: rows in order, one skipped (stays masked).
-            &[(0, 10, None), (1, 11, None), (3, 13, None)],
+            &[(0, 10, None, 0), (1, 11, None, 0), (3, 13, None, 0)],
             // Sliding window, a row given twice, rows out of order.
             &[
-                (2, 30, Some(8)),
-                (0, 5, Some(8)),
-                (2, 12, None),
-                (1, 39, Some(3)),
+                (2, 30, Some(8), 0),
+                (0, 5, Some(8), 0),
+                (2, 12, None, 0),
+                (1, 39, Some(3), 0),
             ],
             // Nothing allowed at all.
             &[],
+            // A window from position 64 (a sliding group's): rows whose sliding
+            // limit falls before it, inside it, and a full row from its start.
+            &[
+                (0, 64, Some(8), 64),
+                (1, 70, Some(8), 64),
+                (2, 100, Some(8), 64),
+                (3, 103, None, 64),
+            ],
+            // Out of order, with the window's last cell.
+            &[
+                (3, 79, Some(16), 40),
+                (1, 41, Some(1), 40),
+                (0, 60, Some(30), 40),
+            ],
         ];
         let mut buf = vec![7u16; 3];
         for rows in cases {
             let n_tokens = 4;
             let mut b = MaskBuilder::reusing(buf, n_kv, n_tokens);
-            for &(row, pos, window) in rows {
-                b.allow_prefix(row, pos, window);
+            for &(row, pos, window, base) in rows {
+                if base == 0 {
+                    b.allow_prefix(row, pos, window);
+                } else {
+                    b.allow_prefix_from(row, pos, window, base);
+                }
             }
             let got = b.into_data();
             assert_eq!(got, naive(n_kv, rows, n_tokens), "{rows:?}");

@@ -11,10 +11,11 @@ use crate::{CellRun, HParams};
 pub(crate) struct Inputs<'a> {
     pub tokens: Tensor<'a>,
     pub pos: Tensor<'a>,
-    pub slots: Tensor<'a>,
+    /// Per cache group, the cell each token's K/V goes to in the group's pools.
+    pub slots: Vec<Tensor<'a>>,
     pub seqs: Vec<SeqInputs>,
-    /// The step's attention ops (see [`crate::attn`]).
-    pub attn: Vec<AttnInputs<'a>>,
+    /// Per cache group, the step's attention ops (see [`crate::attn`]).
+    pub attn: Vec<Vec<AttnInputs<'a>>>,
     pub out_ids: Tensor<'a>,
     pub n_tokens: usize,
     /// Row indices (into an assembled attention window) with their values: one
@@ -96,6 +97,16 @@ fn matmul_attention<'a>(
     let v = ctx.reshape(v, &[dv, n_head_kv, n_kv]);
     let v = ctx.permute(v, [0, 2, 1, 3]); // [d_v, n_kv, n_head_kv]
     ctx.out_prod(v, p)
+}
+
+/// The mask layer `il` reads in `op`: a sliding layer kept in a Full group (the
+/// `swa_full` layout) reads the op's `mask_swa`; every other layer the op's mask
+/// (in a Sliding group, built with the sliding limit already).
+fn layer_mask<'a>(hp: &HParams, il: usize, op: &AttnInputs<'a>) -> Tensor<'a> {
+    match (hp.is_swa[il], op.mask_swa) {
+        (true, Some(m)) => m,
+        _ => op.mask,
+    }
 }
 
 /// Weight types whose CPU matmul goes through llamafile's tinyBLAS when two or more
@@ -232,7 +243,8 @@ impl<'a> Builder<'a> {
 
     /// Writes this step's K/V (`[dim, n_head_kv, n_tokens]`) into layer `il`'s pool, then
     /// attends the queries (`q`: `[dim, n_head, n_tokens]`) op by op as planned in
-    /// [`crate::attn`], each row over its own cells. Returns `[n_head * dim_v, n_tokens]`.
+    /// [`crate::attn`] for the layer's cache group, each row over its own cells.
+    /// Returns `[n_head * dim_v, n_tokens]`.
     pub fn attention(
         &mut self,
         il: usize,
@@ -246,14 +258,16 @@ impl<'a> Builder<'a> {
         // rope → view → set_rows into one kernel (a reshape breaks the pattern).
         let k_rows = ctx.view(k, &[hp.n_embd_k() as i64, n_t], &[k.nb()[2]], 0);
         let v_rows = ctx.reshape(v, &[hp.n_embd_v() as i64, n_t]);
+        let group = self.kv.group_of(il);
+        let slots = self.inp.slots[group];
         // Write first (and make the reads below depend on the writes).
-        let k_all = ctx.set_rows(self.kv.k(il), k_rows, self.inp.slots);
-        let v_all = ctx.set_rows(self.kv.v(il), v_rows, self.inp.slots);
+        let k_all = ctx.set_rows(self.kv.k(il), k_rows, slots);
+        let v_all = ctx.set_rows(self.kv.v(il), v_rows, slots);
         self.graph.expand(k_all);
         self.graph.expand(v_all);
         let q_nb = q.nb();
-        let mut outs: Vec<Tensor<'a>> = Vec::with_capacity(self.inp.attn.len());
-        let ops: Vec<AttnInputs<'a>> = self.inp.attn.clone();
+        let ops: Vec<AttnInputs<'a>> = self.inp.attn[group].clone();
+        let mut outs: Vec<Tensor<'a>> = Vec::with_capacity(ops.len());
         for op in &ops {
             if let Some(st) = &op.strided {
                 outs.push(self.strided_attention(il, q, k_all, v_all, op, st, scale));
@@ -266,10 +280,7 @@ impl<'a> Builder<'a> {
                 &[q_nb[1], q_nb[2]],
                 op.row_start * q_nb[2],
             );
-            let mask = match (hp.is_swa[il], op.mask_swa) {
-                (true, Some(m)) => m,
-                _ => op.mask,
-            };
+            let mask = layer_mask(hp, il, op);
             let ks = self.window(k_all, &op.runs);
             let ks = ctx.reshape(ks, &[hp.head_dim as i64, hp.n_head_kv as i64, ks.ne()[1]]);
             let mut q = ctx.permute(qs, [0, 2, 1, 3]);
@@ -331,10 +342,7 @@ impl<'a> Builder<'a> {
         };
         let k = regions(k_all, hp.head_dim);
         let v = regions(v_all, hp.head_dim_v);
-        let mask = match (hp.is_swa[il], op.mask_swa) {
-            (true, Some(m)) => m,
-            _ => op.mask,
-        };
+        let mask = layer_mask(hp, il, op);
         let q = ctx.permute(qr, [0, 2, 1, 3]); // [hd, 1, n_head, regions]
         let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, 1, regions]
         let dv = hp.head_dim_v as i64;

@@ -6,8 +6,12 @@ use std::sync::Arc;
 use tempo9_ggml::Device;
 use tempo9_gguf::GgufFile;
 use tempo9_models::{
-    CellRun, LoadOptions, MaskBuilder, Model, ModelError, SeqSpan, StepBatch, StepOutput,
+    CellRun, KvStore, KvView, LoadOptions, MaskBuilder, Model, ModelError, SeqSpan, StepBatch,
+    StepOutput,
 };
+
+mod common;
+use common::Writer;
 
 const E: usize = 64;
 const LAYERS: usize = 2;
@@ -15,87 +19,6 @@ const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const FF: usize = 96;
 const VOCAB: usize = 128;
-
-/// Minimal GGUF v3 writer: string/u32/f32 metadata and F32 tensors.
-struct Writer {
-    kv: Vec<u8>,
-    n_kv: u64,
-    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
-}
-
-impl Writer {
-    fn new(arch: &str) -> Writer {
-        let mut w = Writer {
-            kv: Vec::new(),
-            n_kv: 0,
-            tensors: Vec::new(),
-        };
-        w.string("general.architecture", arch);
-        w
-    }
-    fn key(&mut self, k: &str, ty: u32) {
-        self.kv.extend((k.len() as u64).to_le_bytes());
-        self.kv.extend(k.as_bytes());
-        self.kv.extend(ty.to_le_bytes());
-        self.n_kv += 1;
-    }
-    fn string(&mut self, k: &str, v: &str) {
-        self.key(k, 8);
-        self.kv.extend((v.len() as u64).to_le_bytes());
-        self.kv.extend(v.as_bytes());
-    }
-    fn u32(&mut self, k: &str, v: u32) {
-        self.key(k, 4);
-        self.kv.extend(v.to_le_bytes());
-    }
-    fn f32(&mut self, k: &str, v: f32) {
-        self.key(k, 6);
-        self.kv.extend(v.to_le_bytes());
-    }
-    fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64) {
-        let n: usize = shape.iter().product();
-        let data = (0..n)
-            .map(|_| {
-                *seed ^= *seed << 13;
-                *seed ^= *seed >> 7;
-                *seed ^= *seed << 17;
-                ((*seed % 2001) as f32 / 1000.0 - 1.0) * 0.2
-            })
-            .collect();
-        self.tensors.push((name.into(), shape.to_vec(), data));
-    }
-    fn finish(self) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend(self.n_kv.to_le_bytes());
-        out.extend(&self.kv);
-        let mut offset = 0u64;
-        for (name, shape, data) in &self.tensors {
-            out.extend((name.len() as u64).to_le_bytes());
-            out.extend(name.as_bytes());
-            out.extend((shape.len() as u32).to_le_bytes());
-            for &d in shape {
-                out.extend((d as u64).to_le_bytes());
-            }
-            out.extend(0u32.to_le_bytes()); // F32
-            out.extend(offset.to_le_bytes());
-            offset += (data.len() as u64 * 4).div_ceil(32) * 32;
-        }
-        while !out.len().is_multiple_of(32) {
-            out.push(0);
-        }
-        for (_, _, data) in &self.tensors {
-            for x in data {
-                out.extend(x.to_le_bytes());
-            }
-            while !out.len().is_multiple_of(32) {
-                out.push(0);
-            }
-        }
-        out
-    }
-}
 
 /// A tiny Llama; `tweak` may change the writer before tensors are added.
 fn tiny_llama(tweak: impl FnOnce(&mut Writer), skip: Option<&str>) -> Vec<u8> {
@@ -148,6 +71,13 @@ fn tiny_llama_ff(ff_meta: usize, tweak: impl FnOnce(&mut Writer), skip: Option<&
     w.finish()
 }
 
+/// A KV store of `n_cells` cells for the model's single cache group.
+fn new_kv(model: &Model, n_cells: usize) -> Arc<KvStore> {
+    let groups = model.cache_groups(false);
+    assert_eq!(groups.len(), 1, "a Llama keeps one cache group");
+    model.new_kv(&groups, &[n_cells]).unwrap()
+}
+
 fn load(bytes: Vec<u8>) -> Result<Arc<Model>, ModelError> {
     let f = Arc::new(GgufFile::from_bytes(bytes)?);
     Model::from_gguf(f, LoadOptions::new(Device::cpu())).map(Arc::new)
@@ -166,14 +96,14 @@ fn step(model: &Arc<Model>, seqs: &[&[u32]], base: &[usize]) -> Vec<Vec<f32>> {
 /// One step over `seqs`, sequence i's window made of the cell runs `windows[i]`
 /// (token j in the window's cell j).
 fn step_windows(model: &Arc<Model>, seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> Vec<Vec<f32>> {
-    let kv = model.new_kv(64).unwrap();
+    let kv = new_kv(model, 64);
     step_on(model, &kv, seqs, windows)
 }
 
 /// Like [`step_windows`] on an existing KV store.
 fn step_on(
     model: &Arc<Model>,
-    kv: &Arc<tempo9_models::KvStore>,
+    kv: &Arc<KvStore>,
     seqs: &[&[u32]],
     windows: &[Vec<CellRun>],
 ) -> Vec<Vec<f32>> {
@@ -185,7 +115,10 @@ fn step_on(
 
 /// The step of [`step_on`]: every sequence's tokens from position 0, all rows output.
 fn prompt_batch(seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> StepBatch {
-    let mut b = StepBatch::default();
+    let mut b = StepBatch {
+        kv_slots: vec![Vec::new()],
+        ..StepBatch::default()
+    };
     for (s, toks) in seqs.iter().enumerate() {
         let cells: Vec<usize> = windows[s]
             .iter()
@@ -196,15 +129,17 @@ fn prompt_batch(seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> StepBatch {
         for (j, &t) in toks.iter().enumerate() {
             b.tokens.push(t);
             b.positions.push(j as i32);
-            b.kv_slots.push(cells[j] as i64);
+            b.kv_slots[0].push(cells[j] as i64);
             mask.allow_prefix(j, j as i32, None);
         }
         b.seqs.push(SeqSpan {
             row_start,
             n_rows: toks.len(),
-            window: windows[s].clone(),
-            mask: mask.into_data(),
-            mask_swa: None,
+            views: vec![KvView {
+                window: windows[s].clone(),
+                mask: mask.into_data(),
+                mask_swa: None,
+            }],
             tiled_prompt: false,
         });
     }
@@ -222,7 +157,7 @@ fn steps_of_one_shape_reuse_the_graph() {
     let w = [vec![run(0, 16)], vec![run(16, 16)]];
     let (a, b): (&[u32], &[u32]) = (&[1, 5, 9, 13, 2], &[7, 3, 3, 11, 4]);
     let fresh = |seqs: &[&[u32]]| step_windows(&model, seqs, &w[..seqs.len()]);
-    let kv = model.new_kv(64).unwrap();
+    let kv = new_kv(&model, 64);
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
     let mut forward = |seqs: &[&[u32]]| {
         let before = exec.graphs_built();
@@ -251,7 +186,7 @@ fn greedy_step_picks_each_rows_top_logit() {
     let run = |start, len| CellRun { start, len };
     let w = [vec![run(0, 16)], vec![run(16, 16)]];
     let seqs: [&[u32]; 2] = [&[1, 5, 9, 13, 2], &[7, 3, 3, 11, 4, 6]];
-    let kv = model.new_kv(64).unwrap();
+    let kv = new_kv(&model, 64);
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
     let b = prompt_batch(&seqs, &w);
     let logits = model.forward(&mut exec, &kv, &b).unwrap();
@@ -311,7 +246,7 @@ fn masked_stale_cells_do_not_matter() {
     let model = load(tiny_llama(|_| {}, None)).expect("load");
     let a: &[u32] = &[1, 5, 9, 13, 2];
     let fresh = step(&model, &[a], &[0]);
-    let kv = model.new_kv(64).unwrap();
+    let kv = new_kv(&model, 64);
     let run = |start, len| CellRun { start, len };
     // Another sequence leaves K/V in cells 5..16 first.
     let b: Vec<u32> = (0..11).map(|i| 3 + i).collect();
@@ -329,12 +264,13 @@ fn masked_stale_cells_do_not_matter() {
 /// goes to the window's cell at its position.
 fn decode_step(
     model: &Arc<Model>,
-    kv: &Arc<tempo9_models::KvStore>,
+    kv: &Arc<KvStore>,
     rows: &[(u32, usize, Vec<CellRun>)],
 ) -> Vec<Vec<f32>> {
     let mut exec = tempo9_models::Executor::new(Device::cpu(), 2).unwrap();
     let mut b = StepBatch {
         batch_invariant: true,
+        kv_slots: vec![Vec::new()],
         ..StepBatch::default()
     };
     for (i, (tok, pos, window)) in rows.iter().enumerate() {
@@ -346,13 +282,15 @@ fn decode_step(
         mask.allow_prefix(0, *pos as i32, None);
         b.tokens.push(*tok);
         b.positions.push(*pos as i32);
-        b.kv_slots.push(cells[*pos] as i64);
+        b.kv_slots[0].push(cells[*pos] as i64);
         b.seqs.push(SeqSpan {
             row_start: i,
             n_rows: 1,
-            window: window.clone(),
-            mask: mask.into_data(),
-            mask_swa: None,
+            views: vec![KvView {
+                window: window.clone(),
+                mask: mask.into_data(),
+                mask_swa: None,
+            }],
             tiled_prompt: false,
         });
     }
@@ -382,7 +320,7 @@ fn decode_rows_batched_equal_alone() {
         (prompt(600, 2), vec![run(1024, 640)]),
         (prompt(7, 4), vec![run(3000, 4), run(2980, 12)]),
     ];
-    let kv = model.new_kv(4096).unwrap();
+    let kv = new_kv(&model, 4096);
     for (p, w) in &seqs {
         step_on(&model, &kv, &[p], std::slice::from_ref(w));
     }
@@ -467,7 +405,7 @@ fn load_errors_are_clear() {
 #[test]
 fn unwritten_kv_cells_read_as_zero_even_after_heap_garbage() {
     let model = load(tiny_llama(|_| {}, None)).expect("load");
-    let per_cell = model.new_kv(64).unwrap().bytes() / 64;
+    let per_cell = new_kv(&model, 64).bytes() / 64;
     let n_cells = (8 << 20) / per_cell;
     // Raise glibc's mmap threshold above the pool's size (a freed 32 MiB mapping
     // does), then free NaN-patterned heap blocks of about that size.
@@ -475,7 +413,7 @@ fn unwritten_kv_cells_read_as_zero_even_after_heap_garbage() {
     for _ in 0..4 {
         drop(std::hint::black_box(vec![0xFFu8; (8 << 20) + 4096]));
     }
-    let kv = model.new_kv(n_cells).unwrap();
+    let kv = new_kv(&model, n_cells);
     let mut buf = vec![0u8; kv.k(0).nbytes()];
     for il in 0..LAYERS {
         for t in [kv.k(il), kv.v(il)] {

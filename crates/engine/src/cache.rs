@@ -1,0 +1,265 @@
+//! The KV cache coordinator: one manager per group of layers that keep the same kind
+//! of cache, over one prefix index.
+//!
+//! A model declares its groups (`tempo9_models::CacheGroup`): full attention (every
+//! token's K/V: [`PagePool`], whose registered pages are also the prefix index every
+//! group hangs on), and sliding window (the last `window` positions:
+//! [`SlidingPages`]). The coordinator keeps them in step: a sequence's token `t` has
+//! a cell in every group, appends and frees go to all groups, and a prefix hit is as
+//! long as every group can serve it. Recurrent state (Qwen3.5's linear-attention
+//! layers) joins as a third kind of manager with the same calls: a state slot per
+//! sequence and state checkpoints as sidecars of the full pages, like the sliding
+//! group's windows.
+//!
+//! Pure bookkeeping, like its managers: the KV data lives in the model's `KvStore`,
+//! one pool of cells per group.
+
+use crate::pages::{PageError, PageId, PagePool, PoolStats, PrefixMatch, SeqId, TokenId};
+use crate::sliding::{SlidingPages, SlidingStats};
+
+/// The cells a step's tokens write, per group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cells {
+    /// Full-attention group.
+    pub full: Vec<usize>,
+    /// Sliding-window group (empty without one).
+    pub sliding: Vec<usize>,
+}
+
+/// The pages one sequence attends over in a group for a run of rows, and the position
+/// held by the first page's first cell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupWindow {
+    /// Pages in window order.
+    pub pages: Vec<PageId>,
+    /// Position of the first page's first token.
+    pub base: usize,
+}
+
+/// Counters of the cache, per group.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheStats {
+    /// Full-attention group (and the prefix index).
+    pub full: PoolStats,
+    /// Sliding-window group, if any.
+    pub sliding: Option<SlidingStats>,
+}
+
+/// The coordinator (see the module docs).
+#[derive(Debug)]
+pub struct KvCache {
+    full: PagePool,
+    sliding: Option<SlidingPages>,
+}
+
+impl KvCache {
+    /// A cache of full-attention pages only.
+    pub fn new(full: PagePool) -> KvCache {
+        KvCache {
+            full,
+            sliding: None,
+        }
+    }
+
+    /// A cache with a sliding-window group beside the full-attention one (same page
+    /// size).
+    pub fn with_sliding(full: PagePool, sliding: SlidingPages) -> KvCache {
+        KvCache {
+            full,
+            sliding: Some(sliding),
+        }
+    }
+
+    /// The full-attention pages, which index the prefix cache.
+    pub fn full(&self) -> &PagePool {
+        &self.full
+    }
+
+    /// The full-attention pages, mutably (eviction log, partial-page entries).
+    pub fn full_mut(&mut self) -> &mut PagePool {
+        &mut self.full
+    }
+
+    /// The sliding-window group, if any.
+    pub fn sliding(&self) -> Option<&SlidingPages> {
+        self.sliding.as_ref()
+    }
+
+    /// Tokens per page (every group).
+    pub fn page_size(&self) -> usize {
+        self.full.page_size()
+    }
+
+    /// Per-group counters.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            full: self.full.stats(),
+            sliding: self.sliding.as_ref().map(SlidingPages::stats),
+        }
+    }
+
+    /// Pages obtainable now in the scarcer group.
+    pub fn n_available(&self) -> usize {
+        let s = self
+            .sliding
+            .as_ref()
+            .map_or(usize::MAX, |s| s.n_available());
+        self.full.n_available().min(s)
+    }
+
+    /// Whether `seq` holds pages.
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.full.contains(seq)
+    }
+
+    /// Tokens of `seq` with a cell.
+    pub fn n_tokens(&self, seq: SeqId) -> Option<usize> {
+        self.full.n_tokens(seq)
+    }
+
+    /// `seq`'s full-attention page table.
+    pub fn page_table(&self, seq: SeqId) -> Option<&[PageId]> {
+        self.full.page_table(seq)
+    }
+
+    /// The prefix of `tokens` every group can serve: the cached full pages, cut where
+    /// the sliding group lacks the window a hit there needs.
+    pub fn lookup_prefix(&self, tokens: &[TokenId], salt: u64) -> PrefixMatch {
+        let mut m = self.full.lookup_prefix(tokens, salt);
+        if let Some(s) = &self.sliding {
+            let k = s.usable_hit(&m.pages, &self.full);
+            m.pages.truncate(k);
+            m.n_cached_tokens = k * self.page_size();
+        }
+        m
+    }
+
+    /// Starts `seq` on the prefix of `tokens` every group can serve (see
+    /// [`Self::lookup_prefix`]).
+    pub fn allocate(
+        &mut self,
+        seq: SeqId,
+        tokens: &[TokenId],
+        salt: u64,
+    ) -> Result<PrefixMatch, PageError> {
+        let Some(s) = self.sliding.as_mut() else {
+            return self.full.allocate(seq, tokens, salt);
+        };
+        let whole = self.full.lookup_prefix(tokens, salt);
+        let k = s.usable_hit(&whole.pages, &self.full);
+        // A lookup covers at most (len - 1) / page_size pages.
+        let upto = if k < whole.pages.len() {
+            k * self.full.page_size() + 1
+        } else {
+            tokens.len()
+        };
+        let m = self.full.allocate(seq, &tokens[..upto], salt)?;
+        debug_assert_eq!(m.pages.len(), k);
+        s.allocate(seq, &whole.pages, k, &self.full);
+        Ok(m)
+    }
+
+    /// Tokens that can be appended to `seq` now in every group.
+    pub fn room(&self, seq: SeqId) -> usize {
+        let ps = self.page_size();
+        let held = self.full.n_tokens(seq).unwrap_or(0);
+        let pages = self.full.page_table(seq).map_or(0, <[_]>::len);
+        let full = pages * ps - held + self.full.n_available() * ps;
+        let sliding = self.sliding.as_ref().map_or(usize::MAX, |s| s.room(seq));
+        full.min(sliding)
+    }
+
+    /// Gives `seq`'s next `n` tokens a cell in every group (see
+    /// [`PagePool::append_slots`]); the sliding group first releases the pages behind
+    /// its window. All or nothing.
+    pub fn append(&mut self, seq: SeqId, n: usize) -> Result<Cells, PageError> {
+        if self.room(seq) < n {
+            return Err(PageError::OutOfPages {
+                needed: n.div_ceil(self.page_size()),
+                available: self.n_available(),
+            });
+        }
+        let full = self.full.append_slots(seq, n)?;
+        let sliding = match self.sliding.as_mut() {
+            Some(s) => s.append(seq, n, &self.full).expect("room was checked"),
+            None => Vec::new(),
+        };
+        Ok(Cells { full, sliding })
+    }
+
+    /// The pages `seq`'s rows `start..end` attend over in the sliding group.
+    pub fn sliding_window(&self, seq: SeqId, start: usize, end: usize) -> Option<GroupWindow> {
+        let s = self.sliding.as_ref()?;
+        let (pages, base) = s.window_pages(seq, start, end);
+        Some(GroupWindow { pages, base })
+    }
+
+    /// Registers `seq`'s full pages covered by `tokens` (written) in the prefix cache
+    /// and ties the sliding group's pages to them.
+    pub fn commit(&mut self, seq: SeqId, tokens: &[TokenId]) -> Result<(), PageError> {
+        self.full.commit_full_pages(seq, tokens)?;
+        if let Some(s) = self.sliding.as_mut() {
+            s.set_computed(seq, tokens.len());
+            let n = tokens.len() / self.full.page_size();
+            if s.tied_pages(seq) < n {
+                let nodes = self.full.cached_pages(tokens, 0);
+                s.commit(seq, &nodes, &self.full);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks `n_tokens` of `seq` as a likely hit point for the sliding group (a
+    /// prompt's end).
+    pub fn add_checkpoint(&mut self, seq: SeqId, n_tokens: usize) {
+        if let Some(s) = self.sliding.as_mut() {
+            s.add_checkpoint(seq, n_tokens);
+        }
+    }
+
+    /// Ends `seq`, dropping its references in every group (see [`PagePool::free`]).
+    pub fn free(&mut self, seq: SeqId) -> Result<(), PageError> {
+        // The sliding group checks its sidecars against the full pages' registration:
+        // release it while those still hold.
+        if let Some(s) = self.sliding.as_mut() {
+            s.free(seq, &self.full);
+        }
+        self.full.free(seq)
+    }
+
+    /// Ends `seq` like [`Self::free`], keeping its page `page_index` as a partial
+    /// entry (see [`PagePool::free_keeping_tail`]).
+    pub fn free_keeping_tail(
+        &mut self,
+        seq: SeqId,
+        page_index: usize,
+        tail: &[TokenId],
+    ) -> Result<Option<PageId>, PageError> {
+        let table = self.full.page_table(seq).map(<[_]>::to_vec);
+        let kept = self.full.free_keeping_tail(seq, page_index, tail)?;
+        if let Some(s) = self.sliding.as_mut() {
+            // The kept page was the sequence's page `page_index`.
+            let tail = kept.filter(|&p| table.as_ref().and_then(|t| t.get(page_index)) == Some(&p));
+            s.free_keeping_tail(seq, tail.map(|p| (page_index, p)), &self.full);
+        }
+        Ok(kept)
+    }
+
+    /// Shrinks `seq` to its first `n_tokens` tokens in every group.
+    pub fn truncate(&mut self, seq: SeqId, n_tokens: usize) -> Result<(), PageError> {
+        self.full.truncate(seq, n_tokens)?;
+        if let Some(s) = self.sliding.as_mut() {
+            s.truncate(seq, n_tokens, &self.full);
+        }
+        Ok(())
+    }
+
+    /// Checks every group's invariants and that they agree on the sequences.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.full.check_invariants()?;
+        if let Some(s) = &self.sliding {
+            s.check_invariants()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,245 @@
+//! Admission: waiting requests get their cached prefix (whole pages from the prefix
+//! cache, part of a page copied from another prompt's, pages read back from the SSD
+//! tier) and join the running set, in policy order while memory allows.
+
+use std::sync::atomic::Ordering;
+
+use super::{EngineCore, Live};
+use crate::pages::PrefixMatch;
+use crate::partial_page::{self, Source, Want, COPY_CANDIDATES, ROW_GROUP};
+use crate::request::FinishReason;
+use crate::scheduler::{sort_key, CHUNK_ALIGN};
+
+impl EngineCore {
+    /// How many leading tokens of `w` a prefix-cache lookup may cover. A hit ends on
+    /// a page boundary (a multiple of [`CHUNK_ALIGN`], where the prompt's chunks
+    /// start, so the matmuls' row blocks line up) and leaves at least
+    /// [`ROW_GROUP`] prompt tokens to compute (or none of the prompt: a resumed
+    /// request whose whole prompt and some output are cached): matmuls over fewer
+    /// rows (2-7) were seen to round differently. The rest runs through the same
+    /// flash-attention kernel as from scratch (padded to a tile:
+    /// `SeqSpan::tiled_prompt`). (Beyond the hit, part of the next page may be
+    /// copied: [`Self::copy_partial_page`].)
+    pub(super) fn usable_prefix(&self, w: &Live) -> usize {
+        let m = self.cache.lookup_prefix(&w.tokens, 0);
+        let on_disk = self.ssd_continuation(&w.tokens, &m).len();
+        let full = m.n_cached_tokens + on_disk * self.cache.page_size();
+        if full >= w.n_prompt {
+            w.tokens.len()
+        } else {
+            // `lookup_prefix` covers at most (usable - 1) / page_size pages.
+            w.n_prompt.saturating_sub(ROW_GROUP - 1).max(1)
+        }
+    }
+
+    /// Tells the pool which cells of admitted `s`, from cell `from` on, other prompts
+    /// may copy (see [`crate::partial_page`]): its prompt's exact cells, computed in
+    /// pieces that start at multiples of [`ROW_GROUP`]. A resumed request's pages are
+    /// not marked.
+    pub(super) fn mark_copy_sources(&mut self, s: &Live, from: usize) {
+        if s.usage.preemptions == 0 {
+            let kind = partial_page::tiled(s.n_prompt) as u8;
+            let cells = from..partial_page::exact_cells(s.n_prompt).max(from);
+            self.cache
+                .full_mut()
+                .set_copy_exactness(s.id, cells, kind)
+                .expect("admitted requests hold pages");
+        }
+    }
+
+    /// Extends a newly admitted prompt's cached prefix `m` inside the next page: copies
+    /// the KV of the longest run of 16-token blocks it shares with another prompt's
+    /// page of exact cells under the same cached page (see [`crate::partial_page`]).
+    /// Leaves a token to compute, and a whole block for a prompt of a chunk or more
+    /// (see [`Self::usable_prefix`]). With a sliding-window group, the source's cells
+    /// there are copied too (and nothing is copied when it no longer has them).
+    pub(super) fn copy_partial_page(&mut self, s: &mut Live, m: &PrefixMatch) {
+        let ps = self.cache.page_size();
+        let start = m.n_cached_tokens;
+        let tiled = partial_page::tiled(s.n_prompt);
+        let keep = if tiled { ROW_GROUP } else { 1 };
+        let limit = s.n_prompt.saturating_sub(start + keep).min(ps);
+        if limit < ROW_GROUP || s.tokens.len() != s.n_prompt || s.n_computed != start {
+            return;
+        }
+        let pool = self.cache.full();
+        // A preempted and resumed request keeps its `exact_cells`, but its pages hold
+        // those cells again only once its prompt is recomputed (or re-hit).
+        let running = self
+            .running
+            .iter()
+            .filter(|r| r.n_computed >= r.n_prompt)
+            .filter_map(|r| {
+                let (j, exact) = partial_page::exact_tail(r.exact_cells, ps)?;
+                let table = pool.page_table(r.id).expect("running requests hold pages");
+                Some(Source {
+                    page: table[j],
+                    parent: j.checked_sub(1).map(|i| table[i]),
+                    tiled: partial_page::tiled(r.n_prompt),
+                    tokens: &r.tokens[j * ps..j * ps + exact],
+                })
+            });
+        let parent = m.pages.last().copied();
+        let want = Want {
+            parent,
+            tiled,
+            rest: &s.tokens[start..],
+            limit,
+        };
+        // Registered pages under the same parent: whole pages of earlier prompts that
+        // part from this one inside the page, and finished prompts' kept tails.
+        let cached = pool
+            .copy_candidates(parent, COPY_CANDIDATES)
+            .map(|(page, kind, tokens)| Source {
+                page,
+                parent,
+                tiled: kind == 1,
+                tokens,
+            });
+        let sources = running.chain(cached);
+        let Some((page, n)) = partial_page::best_match(want, sources) else {
+            return;
+        };
+        let failed = |e: &dyn std::fmt::Display| {
+            tracing::warn!(error = %e, "partial-page prefix copy failed; computing it");
+        };
+        // The source's cells in the sliding group: those of the running request that
+        // holds the page, else the cached page's sidecar.
+        let sliding_page = match self.cache.sliding() {
+            None => None,
+            Some(sl) => {
+                let held = self.running.iter().find_map(|r| {
+                    let j = self
+                        .cache
+                        .page_table(r.id)?
+                        .iter()
+                        .position(|&p| p == page)?;
+                    sl.page_at(r.id, j)
+                });
+                match held.or_else(|| sl.sidecar(page, self.cache.full())) {
+                    Some(p) => Some(p),
+                    None => return,
+                }
+            }
+        };
+        // Read before taking a page: taking one may evict the (cached) source.
+        let read = |g: usize, p: u32| self.kv.read_cells(g, p as usize * ps, n);
+        let data = match read(0, page) {
+            Ok(data) => data,
+            Err(e) => return failed(&e),
+        };
+        let sliding_data = match sliding_page.map(|p| read(1, p)).transpose() {
+            Ok(d) => d,
+            Err(e) => return failed(&e),
+        };
+        let cells = match self.cache.append(s.id, n) {
+            Ok(cells) => cells,
+            Err(e) => return failed(&e),
+        };
+        let mut written = self.kv.write_cells(0, cells.full[0], n, &data);
+        if let (Ok(()), Some(d)) = (&written, &sliding_data) {
+            written = self.kv.write_cells(1, cells.sliding[0], n, d);
+        }
+        if let Err(e) = written {
+            self.cache.truncate(s.id, start).expect("allocated");
+            return failed(&e);
+        }
+        s.n_computed = start + n;
+        s.usage.cached_tokens += n;
+        self.stats.prefix_copied_tokens += n as u64;
+    }
+
+    /// Whether `w` shares at least a page of prompt beyond its cached prefix with a
+    /// running request that is prefilling those tokens now. Admitted now, it would
+    /// compute the same pages a second time (agents sharing a long system prompt
+    /// arrive together); a few steps later they are a prefix-cache hit.
+    pub(super) fn prefix_in_flight(&self, w: &Live, usable: usize) -> bool {
+        let ps = self.cache.page_size();
+        let cached = self
+            .cache
+            .lookup_prefix(&w.tokens[..usable], 0)
+            .n_cached_tokens;
+        self.running.iter().any(|r| {
+            if r.n_computed >= r.n_prompt {
+                return false;
+            }
+            let common = w.tokens[..usable]
+                .iter()
+                .zip(&r.tokens[..r.n_prompt])
+                .take_while(|(a, b)| a == b)
+                .count();
+            common / ps * ps >= cached + ps
+        })
+    }
+
+    /// Admits waiting requests in policy order while the running limit and free
+    /// pages allow, giving them their cached prefix; planning then treats them like
+    /// every running request. Returns whether every request left waiting waits for
+    /// a prefix that a running request is computing (true when none waits): none
+    /// is held back by the running limit or memory, so none would start sooner if
+    /// that request's steps were shorter ([`EngineConfig::solo_step_tokens`]).
+    pub(super) fn admit(&mut self) -> bool {
+        let policy = self.config.policy;
+        let cost = self.cost_us();
+        self.waiting
+            .sort_by_key(|s| sort_key(policy, &s.progress(), cost));
+        loop {
+            if self.running.len() + self.loading.len() >= self.config.max_running {
+                return self.waiting.is_empty();
+            }
+            // The first request in policy order that is not waiting for a prefix
+            // another request is computing right now.
+            let Some((i, usable)) = self.waiting.iter().enumerate().find_map(|(i, w)| {
+                let usable = self.usable_prefix(w);
+                (!self.prefix_in_flight(w, usable)).then_some((i, usable))
+            }) else {
+                return true;
+            };
+            let w = &self.waiting[i];
+            let m = self.cache.lookup_prefix(&w.tokens[..usable], 0);
+            let revived = m
+                .pages
+                .iter()
+                .filter(|&&p| self.cache.full().ref_count(p) == 0)
+                .count();
+            // Its first piece: a page of prompt (or one token to replay).
+            let need = revived + 1;
+            // Keep a page per running request so decodes are not starved right away.
+            let reserve = self.running.len();
+            if need + reserve > self.cache.n_available() {
+                if self.running.is_empty()
+                    && self.loading.is_empty()
+                    && need > self.cache.n_available()
+                {
+                    // Cannot fit even alone (the pool was checked at submission, so
+                    // this is a resumed request that grew past the pool).
+                    let s = self.waiting.remove(i);
+                    self.end(s, FinishReason::ContextFull);
+                    continue;
+                }
+                return false;
+            }
+            let mut s = self.waiting.remove(i);
+            let m = self
+                .cache
+                .allocate(s.id, &s.tokens[..usable], 0)
+                .expect("a waiting request holds no pages");
+            debug_assert_eq!(m.n_cached_tokens % CHUNK_ALIGN, 0);
+            self.mark_copy_sources(&s, 0);
+            let first_admission = !s.admitted_before;
+            if !s.admitted_before {
+                s.admitted_before = true;
+                s.usage.cached_tokens = m.n_cached_tokens;
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+                self.stats.prompt_tokens_total += s.usage.prompt_tokens as u64;
+            }
+            s.n_computed = m.n_cached_tokens;
+            if let Some(mut s) = self.ssd_begin_load(s, usable, &m, first_admission) {
+                if first_admission {
+                    self.copy_partial_page(&mut s, &m);
+                }
+                self.running.push(s);
+            }
+        }
+    }
+}

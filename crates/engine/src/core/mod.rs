@@ -1,0 +1,873 @@
+//! The engine core: requests and the step loop, driven by one thread (see
+//! [`crate::Engine`] for the threaded wrapper).
+//!
+//! Every [`EngineCore::step`] runs one model forward over a batch assembled from all
+//! running requests (continuous batching). The step follows the data flow:
+//! - admission ([`admission`]): waiting requests get their cached prefix and pages;
+//! - the scheduler ([`crate::scheduler::plan`]) turns the running requests' progress
+//!   and the cache's state into a plain step plan: decodes first, then prompt chunks
+//!   up to a token budget, the cells they write in every cache group, and which
+//!   requests are preempted for memory (their KV is dropped and recomputed when they
+//!   are admitted again);
+//! - the runner ([`runner`]) assembles the model's batch from the plan, runs the
+//!   model, commits the KV to the prefix cache and samples ([`output`] turns tokens
+//!   into events).
+//!
+//! KV memory is managed per group of layers by [`crate::cache::KvCache`]; with an
+//! SSD tier ([`EngineConfig::ssd`], [`crate::ssd`]), cached pages evicted from RAM
+//! are written to disk and read back for later hits ([`tier`]).
+
+mod admission;
+mod output;
+mod runner;
+mod tier;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tempo9_models::{CacheGroup, Executor, GroupKind, KvStore, Model, ModelError};
+use tempo9_tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::cache::KvCache;
+use crate::pages::PagePool;
+use crate::partial_page;
+use crate::request::{
+    Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenMask, Usage,
+};
+use crate::sampler::Sampler;
+use crate::scheduler::{self, itl_budget, Policy, Progress, Rank, CHUNK_ALIGN, KV_WINDOW_PAD};
+use crate::sliding::{SlidingPages, SlidingStats};
+use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
+use crate::stop::TextStream;
+use crate::stream::{RequestStream, Ticket};
+use runner::MaskBuffers;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// CPU threads for compute.
+    pub threads: usize,
+    /// Bytes of KV memory for all requests together; `None` = a quarter of the
+    /// system's memory. On the CPU, host memory is committed only as pages are first
+    /// written, so the budget is a ceiling, not a start-up cost.
+    pub kv_budget_bytes: Option<usize>,
+    /// Tokens per KV page (64, 128 or 256): the prefix cache shares whole pages.
+    pub page_tokens: usize,
+    /// Most requests running (holding KV) at once.
+    pub max_running: usize,
+    /// Most requests waiting to be admitted; more are refused with
+    /// [`SubmitError::QueueFull`].
+    pub max_waiting: usize,
+    /// Prompt tokens in one step (each decoding request's token comes on top). A
+    /// prompt's last piece, which must not be split below [`CHUNK_ALIGN`] tokens, may
+    /// exceed what is left of it by less than [`CHUNK_ALIGN`].
+    pub step_tokens: usize,
+    /// Prompt tokens in one step while a single request runs and no other waits but
+    /// for the prefix it is computing (at least `step_tokens`): nobody's tokens wait
+    /// on a longer step then (agents arriving together with one system prompt wait
+    /// for the first one's prefix either way), and on a GPU larger chunks cost less
+    /// per token (each step builds a graph and a mask at the prompt's depth). While
+    /// several prompts share the steps, `step_tokens`-sized chunks let the shorter
+    /// ones finish first rather than all at a long step's end.
+    pub solo_step_tokens: usize,
+    /// While some requests are decoding, prompt chunks shrink (to no fewer than
+    /// [`CHUNK_ALIGN`] tokens) so that a step takes about this long, measured from
+    /// recent steps: a long prompt arriving on a slow machine then delays the others'
+    /// next tokens by this much, not by a full `step_tokens` chunk. `None` = chunks of
+    /// `step_tokens` always.
+    pub itl_target: Option<std::time::Duration>,
+    /// Per-request limit on prompt plus output tokens; `None` = the model's trained
+    /// context length. Costs no memory up front.
+    pub max_context: Option<usize>,
+    /// Which requests go first.
+    pub policy: Policy,
+    /// Second tier for KV pages on local disk; `None` (the default here; the CLI
+    /// turns it on) keeps the prefix cache in RAM only.
+    pub ssd: Option<SsdConfig>,
+    /// Batch-invariant numbers for every request: a request's tokens and
+    /// log-probabilities then do not depend on what else shares its steps (see
+    /// `StepBatch::batch_invariant`; [`Request::deterministic`] asks per request).
+    /// Off by default: on CPUs where ggml repacks few weight types (AVX2) it can
+    /// halve single-stream decode speed.
+    pub deterministic: bool,
+    /// Keep every token's K/V in sliding-window layers too, as in one full-attention
+    /// cache (llama.cpp's `--swa-full`). Off by default: those layers then hold only
+    /// the pages their window sees (see [`crate::sliding`]).
+    pub swa_full: bool,
+    /// Sliding-window layers keep, for a cached prefix, the window before every
+    /// multiple of this many tokens (0: only at prompt and sequence ends), so a later
+    /// prompt that forks there reuses the prefix; more often costs more memory (a
+    /// window per checkpoint). See [`crate::sliding`].
+    pub window_checkpoint_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: default_threads(),
+            kv_budget_bytes: None,
+            page_tokens: 64,
+            max_running: 64,
+            max_waiting: 1024,
+            step_tokens: 512,
+            solo_step_tokens: 512,
+            itl_target: Some(std::time::Duration::from_millis(500)),
+            max_context: None,
+            policy: Policy::Fcfs,
+            ssd: None,
+            deterministic: false,
+            swa_full: false,
+            window_checkpoint_tokens: 4096,
+        }
+    }
+}
+
+/// Physical cores are what matter for ggml's CPU kernels; use what the OS offers.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
+/// Full-attention pages and sliding-window pages for a KV `budget` in bytes, given
+/// a full page's bytes and, with a sliding group, its page's bytes and window.
+///
+/// The sliding group gets what every running request's window needs (the window
+/// plus a step's tokens, in pages, plus a page), one such window of slack, and the
+/// windows a cached prefix keeps ([`EngineConfig::window_checkpoint_tokens`]) for every
+/// full page; the full group gets the rest. When the budget cannot give the running
+/// requests their windows, both groups get the same number of pages (the memory of
+/// one cache for all layers).
+fn split_budget(
+    budget: usize,
+    page_bytes: usize,
+    sliding: Option<(usize, usize)>,
+    config: &EngineConfig,
+) -> (usize, usize) {
+    let Some((sliding_bytes, window)) = sliding else {
+        return (budget / page_bytes, 0);
+    };
+    let ps = config.page_tokens;
+    let step = config.step_tokens.max(config.solo_step_tokens);
+    let live = (window + step).div_ceil(ps) + 1;
+    let fixed = (config.max_running + 1) * live;
+    // Sliding pages kept per full page of cached prefix.
+    let k = config.window_checkpoint_tokens;
+    let per_page = if k == 0 {
+        0.0
+    } else {
+        (window.div_ceil(ps) + 3) as f64 / k.div_ceil(ps) as f64
+    };
+    let same = budget / (page_bytes + sliding_bytes);
+    let Some(rest) = budget.checked_sub(fixed * sliding_bytes) else {
+        return (same, same);
+    };
+    let n = (rest as f64 / (page_bytes as f64 + per_page * sliding_bytes as f64)) as usize;
+    let m = fixed + (per_page * n as f64).ceil() as usize;
+    if m >= n || n * ps < KV_WINDOW_PAD {
+        return (same, same);
+    }
+    (n, m)
+}
+
+/// A quarter of the machine's memory (4 GiB when it cannot be read).
+fn default_kv_budget() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<usize>().ok())
+        })
+        .map(|kib| kib * 1024);
+    total.map_or(4 << 30, |t| t / 4)
+}
+
+/// Errors creating or running the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The settings cannot work.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+}
+
+/// Why a request was refused at submission.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Too many requests are waiting.
+    #[error("server busy: {waiting} requests already waiting")]
+    QueueFull {
+        /// Requests waiting.
+        waiting: usize,
+    },
+    /// The prompt leaves no room for output within the context limit.
+    #[error("prompt of {prompt_tokens} tokens exceeds the context limit of {max_context} tokens")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// The limit (prompt + output).
+        max_context: usize,
+    },
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    /// The engine has shut down.
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    /// Requests waiting for admission.
+    pub waiting: usize,
+    /// Requests holding KV and computing.
+    pub running: usize,
+    /// KV pages in the pool.
+    pub kv_pages_total: usize,
+    /// Pages held by running requests.
+    pub kv_pages_used: usize,
+    /// Unreferenced pages kept for the prefix cache (evictable).
+    pub kv_pages_cached: usize,
+    /// Pages never written or released without being cached.
+    pub kv_pages_free: usize,
+    /// Tokens per page.
+    pub page_tokens: usize,
+    /// Bytes of one full-attention page (its layers' K and V).
+    pub page_bytes: usize,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_query_tokens: u64,
+    /// Of those, tokens found cached (whole pages, or copied into a short prompt's
+    /// first page).
+    pub prefix_hit_tokens: u64,
+    /// Of the hits, tokens copied from another short prompt's first page.
+    pub prefix_copied_tokens: u64,
+    /// Cached pages evicted to make room.
+    pub evicted_pages: u64,
+    /// Prompt tokens of all admitted requests.
+    pub prompt_tokens_total: u64,
+    /// Tokens generated.
+    pub generated_tokens_total: u64,
+    /// Requests preempted.
+    pub preemptions_total: u64,
+    /// Model steps run.
+    pub steps_total: u64,
+    /// Tokens computed by model steps (prompt chunks and decodes).
+    pub computed_tokens_total: u64,
+    /// Seconds spent in steps that ran the model: scheduling, the forward pass,
+    /// sampling and sending events.
+    pub step_seconds_total: f64,
+    /// Of those, seconds in the forward pass (graph build, compute, reading logits):
+    /// the rest is the engine's own host work per step.
+    pub forward_seconds_total: f64,
+    /// Requests waiting for their cached prefix to be read from the SSD tier.
+    pub loading: usize,
+    /// The SSD tier's counters (all zero without one).
+    pub ssd: SsdStats,
+    /// The sliding-window group's pages (all zero without one).
+    pub sliding: SlidingStats,
+    /// Bytes of one sliding-window page (0 without one).
+    pub sliding_page_bytes: usize,
+}
+
+/// Checks a request against the engine's fixed limits; shared by the core and the
+/// threaded handle (which refuses bad requests before they reach the engine thread).
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    pub n_vocab: usize,
+    pub max_context: usize,
+    pub max_waiting: usize,
+    /// Most tokens the whole pool can hold for one request.
+    pub pool_tokens: usize,
+}
+
+impl Limits {
+    pub fn check(&self, r: &Request, waiting: usize) -> Result<(), SubmitError> {
+        if r.prompt.is_empty() {
+            return Err(SubmitError::BadRequest("empty prompt".into()));
+        }
+        if let Some(&t) = r.prompt.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(SubmitError::BadRequest(format!(
+                "token {t} outside the vocabulary of {}",
+                self.n_vocab
+            )));
+        }
+        let limit = self.max_context.min(self.pool_tokens);
+        if r.prompt.len() >= limit {
+            return Err(SubmitError::PromptTooLong {
+                prompt_tokens: r.prompt.len(),
+                max_context: limit,
+            });
+        }
+        if waiting >= self.max_waiting {
+            return Err(SubmitError::QueueFull { waiting });
+        }
+        Ok(())
+    }
+}
+
+/// A request inside the engine.
+struct Live {
+    id: RequestId,
+    rank: Rank,
+    /// Prompt followed by generated tokens.
+    tokens: Vec<u32>,
+    /// Tokens whose KV is in the cache (0 while waiting).
+    n_computed: usize,
+    /// Prompt tokens (computed in page-sized chunks; later tokens one per step).
+    n_prompt: usize,
+    max_tokens: usize,
+    stop_eog: bool,
+    stop_ids: Vec<u32>,
+    logprobs: bool,
+    top_logprobs: usize,
+    banned: Vec<u32>,
+    /// Wants batch-invariant steps ([`Request::deterministic`]).
+    deterministic: bool,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// The constraint's mask for this step's sample.
+    mask: Option<Result<TokenMask, String>>,
+    sampler: Sampler,
+    text: TextStream,
+    tx: mpsc::UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    usage: Usage,
+    admitted_before: bool,
+    /// Leading prompt cells another prompt may copy (see [`crate::partial_page`]);
+    /// 0 until its prompt is computed.
+    exact_cells: usize,
+}
+
+impl Live {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.tx.is_closed()
+    }
+
+    /// Its next token is the top logit and nothing else: no constraint, banned
+    /// tokens, penalties or log-probabilities (the device may pick it).
+    fn plain_greedy(&self) -> bool {
+        self.constraint.is_none()
+            && self.banned.is_empty()
+            && !self.logprobs
+            && self.top_logprobs == 0
+            && self.sampler.is_plain_greedy()
+    }
+
+    /// What the scheduler sees of it.
+    fn progress(&self) -> Progress {
+        Progress {
+            id: self.id,
+            rank: self.rank,
+            n_prompt: self.n_prompt,
+            n_computed: self.n_computed,
+            n_tokens: self.tokens.len(),
+        }
+    }
+}
+
+/// An admitted request whose cached prefix is being read back from the SSD tier; it
+/// holds its pages but is not scheduled until the load is in.
+struct Loading {
+    live: Live,
+    load: LoadId,
+    /// Index in its page table of the first page being loaded.
+    first_page: usize,
+    /// The loaded pages' hashes, in order.
+    hashes: Vec<u64>,
+    /// Whether this is the request's first admission (its usage counts the hit).
+    first_admission: bool,
+}
+
+/// The engine's state and step loop (single-threaded; see the module docs).
+pub struct EngineCore {
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    exec: Executor,
+    kv: Arc<KvStore>,
+    cache: KvCache,
+    /// The model's cache groups as the KV store holds them.
+    groups: Vec<CacheGroup>,
+    config: EngineConfig,
+    limits: Limits,
+    page_bytes: usize,
+    sliding_page_bytes: usize,
+    waiting: Vec<Live>,
+    running: Vec<Live>,
+    ssd: Option<SsdTier>,
+    loading: Vec<Loading>,
+    next_id: RequestId,
+    /// Requests submitted but not yet admitted (shared with the threaded handle).
+    queued: Arc<AtomicUsize>,
+    stats: EngineStats,
+    /// Seconds per computed token in recent steps of at least [`CHUNK_ALIGN`] tokens
+    /// (moving average), for [`EngineConfig::itl_target`].
+    token_cost_s: Option<f64>,
+    /// Compute-buffer size last logged (the buffers only grow; logged again when a
+    /// quarter larger, so small steps of growth do not flood the log).
+    compute_bytes_logged: usize,
+    /// When the engine started: the origin of [`Rank::arrived_us`].
+    epoch: std::time::Instant,
+    /// Memory of earlier steps' masks, for the next steps' (see [`MaskBuffers`]).
+    mask_buffers: MaskBuffers,
+}
+
+impl EngineCore {
+    /// Builds the engine over a loaded model: executor, KV pool, page table.
+    pub fn new(
+        model: Arc<Model>,
+        tok: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<EngineCore, EngineError> {
+        let hp = model.hparams();
+        let ps = config.page_tokens;
+        if !(CHUNK_ALIGN..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
+            return Err(EngineError::Config(format!(
+                "page size {ps} must be 64, 128 or 256 tokens"
+            )));
+        }
+        if config.step_tokens == 0 || config.max_running == 0 {
+            return Err(EngineError::Config(
+                "step_tokens and max_running must be positive".into(),
+            ));
+        }
+        if config.max_running > config.step_tokens {
+            return Err(EngineError::Config(format!(
+                "max_running ({}) above step_tokens ({}): not every running request could decode each step",
+                config.max_running, config.step_tokens
+            )));
+        }
+        let groups = model.cache_groups(config.swa_full);
+        // K and V rows are F16.
+        let cell_bytes = |g: &CacheGroup| g.layers.len() * (hp.n_embd_k() + hp.n_embd_v()) * 2;
+        let page_bytes = ps * cell_bytes(&groups[0]);
+        let sliding = groups.get(1).map(|g| match g.kind {
+            GroupKind::Sliding { window } => (ps * cell_bytes(g), window),
+            GroupKind::Full => unreachable!("only group 0 is full attention"),
+        });
+        let budget = config.kv_budget_bytes.unwrap_or_else(default_kv_budget);
+        let (n_pages, n_sliding) = split_budget(budget, page_bytes, sliding, &config);
+        if n_pages * ps < KV_WINDOW_PAD {
+            return Err(EngineError::Config(format!(
+                "KV budget of {budget} bytes holds {n_pages} pages of {ps} tokens; need at least {KV_WINDOW_PAD} tokens"
+            )));
+        }
+        let max_context = config.max_context.unwrap_or(hp.n_ctx_train).max(2);
+        let exec = Executor::new(model.device(), config.threads)?;
+        let cells: Vec<usize> = [n_pages, n_sliding][..groups.len()]
+            .iter()
+            .map(|&n| n * ps)
+            .collect();
+        let kv = model.new_kv(&groups, &cells)?;
+        let sliding_page_bytes = sliding.map_or(0, |(b, _)| b);
+        tracing::info!(
+            n_pages,
+            n_sliding_pages = n_sliding,
+            page_tokens = ps,
+            kv_mib = (n_pages * page_bytes + n_sliding * sliding_page_bytes) >> 20,
+            max_context,
+            "KV pool reserved"
+        );
+        let limits = Limits {
+            n_vocab: hp.n_vocab,
+            max_context,
+            max_waiting: config.max_waiting,
+            pool_tokens: n_pages * ps,
+        };
+        let mut pool = PagePool::new(n_pages, ps);
+        let ssd = config
+            .ssd
+            .clone()
+            .and_then(|c| tier::open_ssd(&model, &kv, ps, c));
+        pool.set_eviction_log(ssd.is_some());
+        let cache = match sliding {
+            Some((_, window)) => KvCache::with_sliding(
+                pool,
+                SlidingPages::new(n_sliding, ps, window, config.window_checkpoint_tokens),
+            ),
+            None => KvCache::new(pool),
+        };
+        Ok(EngineCore {
+            model,
+            tok,
+            exec,
+            compute_bytes_logged: 0,
+            kv,
+            cache,
+            groups,
+            ssd,
+            loading: Vec::new(),
+            config,
+            limits,
+            page_bytes,
+            sliding_page_bytes,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            next_id: 0,
+            queued: Arc::new(AtomicUsize::new(0)),
+            stats: EngineStats::default(),
+            token_cost_s: None,
+            epoch: std::time::Instant::now(),
+            mask_buffers: MaskBuffers::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The tokenizer used for text deltas and end-of-generation tokens.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Per-request limit on prompt plus output tokens.
+    pub fn max_context(&self) -> usize {
+        self.limits.max_context.min(self.limits.pool_tokens)
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn queued(&self) -> Arc<AtomicUsize> {
+        self.queued.clone()
+    }
+
+    /// Whether any request is waiting, loading or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.loading.is_empty()
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> EngineStats {
+        let c = self.cache.stats();
+        let p = c.full;
+        EngineStats {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            kv_pages_total: p.n_pages,
+            kv_pages_used: p.in_use,
+            kv_pages_cached: p.cached,
+            kv_pages_free: p.free,
+            page_tokens: self.cache.page_size(),
+            page_bytes: self.page_bytes,
+            sliding: c.sliding.unwrap_or_default(),
+            sliding_page_bytes: self.sliding_page_bytes,
+            prefix_query_tokens: p.query_tokens,
+            prefix_hit_tokens: p.hit_tokens + self.stats.prefix_copied_tokens,
+            evicted_pages: p.evicted_pages,
+            loading: self.loading.len(),
+            ssd: self.ssd.as_ref().map(SsdTier::stats).unwrap_or_default(),
+            ..self.stats
+        }
+    }
+
+    /// Checks the KV cache's invariants (tests and debugging).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.cache.check_invariants()?;
+        for s in &self.running {
+            let n = self
+                .cache
+                .n_tokens(s.id)
+                .ok_or("running request without pages")?;
+            if n < s.n_computed {
+                return Err(format!(
+                    "request {}: {n} cells for {} tokens",
+                    s.id, s.n_computed
+                ));
+            }
+        }
+        if self.waiting.iter().any(|s| self.cache.contains(s.id)) {
+            return Err("a waiting request holds pages".into());
+        }
+        Ok(())
+    }
+
+    /// Queues a request; its events arrive on the returned stream as steps run.
+    pub fn submit(&mut self, r: Request) -> Result<RequestStream, SubmitError> {
+        self.limits.check(&r, self.waiting.len())?;
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        Ok(self.enqueue(r))
+    }
+
+    /// Queues an already checked request under a new id.
+    fn enqueue(&mut self, r: Request) -> RequestStream {
+        self.next_id += 1;
+        let (ticket, stream) = RequestStream::open(self.next_id);
+        self.enqueue_ticket(r, ticket);
+        stream
+    }
+
+    /// Queues an already checked request whose stream the caller already holds.
+    pub(crate) fn enqueue_ticket(&mut self, r: Request, ticket: Ticket) {
+        let Ticket { id, tx, cancel } = ticket;
+        let n_prompt = r.prompt.len();
+        let room = self.max_context() - n_prompt;
+        let mut sampler = Sampler::new(r.sampling);
+        r.prompt.iter().for_each(|&t| sampler.accept(t));
+        let live = Live {
+            id,
+            rank: Rank {
+                arrival: id,
+                priority: r.priority,
+                arrived_us: self.epoch.elapsed().as_micros() as u64,
+            },
+            tokens: r.prompt,
+            n_computed: 0,
+            n_prompt,
+            max_tokens: r.max_tokens.min(room),
+            stop_eog: r.stop.eog,
+            stop_ids: r.stop.token_ids,
+            logprobs: r.logprobs,
+            top_logprobs: r.top_logprobs,
+            banned: r.banned_tokens,
+            deterministic: r.deterministic,
+            constraint: r.constraint,
+            mask: None,
+            sampler,
+            text: TextStream::new(self.tok.clone(), &r.stop.strings),
+            tx,
+            cancel,
+            usage: Usage {
+                prompt_tokens: n_prompt,
+                ..Usage::default()
+            },
+            admitted_before: false,
+            exact_cells: 0,
+        };
+        if r.max_tokens == 0 {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let reason = if room == 0 {
+                FinishReason::ContextFull
+            } else {
+                FinishReason::Length
+            };
+            let _ = live.tx.send(Event::Finished(Finish {
+                reason,
+                usage: live.usage,
+            }));
+        } else {
+            self.waiting.push(live);
+        }
+    }
+
+    /// Runs steps until no request is left.
+    pub fn run_until_idle(&mut self) -> Result<(), EngineError> {
+        while self.has_work() {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// One step: drops cancelled requests, schedules, runs the model, samples and
+    /// sends events. Returns whether there was anything to do. A model failure
+    /// ends the requests of the step with [`FinishReason::Error`] (the engine itself
+    /// stays usable) and is returned.
+    pub fn step(&mut self) -> Result<bool, EngineError> {
+        let started = std::time::Instant::now();
+        self.reap_cancelled();
+        if !self.has_work() {
+            return Ok(false);
+        }
+        self.ssd_finish_loads(false);
+        let only_prefix_waiters = self.admit();
+        let work = self.schedule(only_prefix_waiters);
+        let work = &work[..];
+        self.ssd_save_evicted();
+        if work.is_empty() {
+            if !self.loading.is_empty() {
+                // Nothing to compute until a prefix is read back: wait for one.
+                self.ssd_finish_loads(true);
+            }
+            return Ok(true);
+        }
+        let planned = started.elapsed();
+        let batch = self.assemble(work);
+        let t0 = std::time::Instant::now();
+        let mut out = match self.forward(work, &batch) {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::error!(error = %msg, "model step failed");
+                for w in work {
+                    if let Some(i) = self.running_index(w.id) {
+                        let s = self.running.remove(i);
+                        self.end(s, FinishReason::Error(msg.clone()));
+                    }
+                }
+                return Err(e.into());
+            }
+        };
+        let forward_s = t0.elapsed().as_secs_f64();
+        self.stats.steps_total += 1;
+        self.stats.computed_tokens_total += batch.tokens.len() as u64;
+        self.stats.forward_seconds_total += forward_s;
+        if batch.tokens.len() >= CHUNK_ALIGN {
+            let cost = forward_s / batch.tokens.len() as f64;
+            self.token_cost_s = Some(self.token_cost_s.map_or(cost, |c| 0.5 * c + 0.5 * cost));
+        }
+        let compute_bytes = self.exec.compute_bytes();
+        if compute_bytes > self.compute_bytes_logged + self.compute_bytes_logged / 4 {
+            self.compute_bytes_logged = compute_bytes;
+            tracing::info!(
+                mib = compute_bytes >> 20,
+                step_tokens = batch.tokens.len(),
+                sequences = batch.seqs.len(),
+                "compute buffers grew"
+            );
+        }
+        let t1 = std::time::Instant::now();
+        self.after_step(work, &mut out);
+        let step_s = started.elapsed().as_secs_f64();
+        self.stats.step_seconds_total += step_s;
+        // Where a step's time goes: planning (admission, scheduling), building the
+        // batch's inputs, the model, then sampling and sending events.
+        tracing::debug!(
+            tokens = batch.tokens.len(),
+            sequences = batch.seqs.len(),
+            running = self.running.len(),
+            waiting = self.waiting.len(),
+            plan_ms = planned.as_secs_f64() * 1e3,
+            assemble_ms = (t0 - started - planned).as_secs_f64() * 1e3,
+            forward_ms = forward_s * 1e3,
+            sample_ms = t1.elapsed().as_secs_f64() * 1e3,
+            step_ms = step_s * 1e3,
+            "step"
+        );
+        if self.has_work() {
+            self.mask_buffers.give_back(batch);
+        } else {
+            self.mask_buffers = MaskBuffers::default();
+        }
+        Ok(true)
+    }
+
+    /// Recent compute cost per prompt token in microseconds (1 ms until measured),
+    /// for [`Policy::Shortest`].
+    fn cost_us(&self) -> f64 {
+        self.token_cost_s.map_or(1e3, |c| c * 1e6)
+    }
+
+    fn running_index(&self, id: RequestId) -> Option<usize> {
+        self.running.iter().position(|s| s.id == id)
+    }
+
+    /// Ends cancelled requests, waiting, loading or running.
+    fn reap_cancelled(&mut self) {
+        self.ssd_reap_cancelled();
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].cancelled() {
+                let s = self.waiting.remove(i);
+                if !s.admitted_before {
+                    self.queued.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.end(s, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].cancelled() {
+                let s = self.running.remove(i);
+                self.end(s, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Sends the final event and releases the request's pages (its committed full
+    /// pages stay in the prefix cache, and so does the page where its prompt's exact
+    /// cells end, as a copy source for the next turn: see [`crate::partial_page`]).
+    /// Text still held back is dropped: the request ends without a token of its own
+    /// (cancelled, failed or out of memory).
+    fn end(&mut self, s: Live, reason: FinishReason) {
+        if self.cache.contains(s.id) {
+            let ps = self.cache.page_size();
+            // The exact cells are in this admission's pages once its prompt is computed
+            // (a resumed request recomputes them); a failed step's KV is not trusted.
+            let written = s.n_computed >= s.n_prompt && !matches!(reason, FinishReason::Error(_));
+            let held = self.cache.page_table(s.id).map_or(0, <[_]>::len);
+            let tail =
+                partial_page::exact_tail(s.exact_cells, ps).filter(|&(j, _)| written && j < held);
+            match tail {
+                Some((j, exact)) => {
+                    let tokens = &s.tokens[j * ps..j * ps + exact];
+                    // A page the answer filled is already cached as a whole page.
+                    self.cache
+                        .free_keeping_tail(s.id, j, tokens)
+                        .expect("allocated");
+                }
+                None => self.cache.free(s.id).expect("allocated"),
+            }
+        }
+        let _ = s.tx.send(Event::Finished(Finish {
+            reason,
+            usage: s.usage,
+        }));
+    }
+
+    /// Prompt tokens this step may compute: `step_tokens` (`solo_step_tokens` while
+    /// one request runs and the others wait only for its prefix:
+    /// `only_prefix_waiters`, from [`Self::admit`]), or while some request is
+    /// decoding, what fits the ITL target at the recent cost per token (see
+    /// [`itl_budget`]).
+    fn prompt_budget(&self, only_prefix_waiters: bool) -> usize {
+        let solo = self.running.len() == 1 && only_prefix_waiters && self.loading.is_empty();
+        let full = if solo {
+            self.config.solo_step_tokens.max(self.config.step_tokens)
+        } else {
+            self.config.step_tokens
+        };
+        let progress: Vec<Progress> = self.running.iter().map(Live::progress).collect();
+        let decoding = progress.iter().filter(|p| p.decoding()).count();
+        let prompting = progress.iter().filter(|p| p.prompt_left() > 0).count();
+        match (self.config.itl_target, self.token_cost_s) {
+            (Some(target), Some(cost)) => {
+                itl_budget(full, target.as_secs_f64() / cost, decoding, prompting)
+            }
+            _ => full,
+        }
+    }
+
+    /// Plans the step ([`scheduler::plan`]) and carries out its preemptions: preempted
+    /// requests go back to waiting, those that can never fit end. Returns the work,
+    /// in batch order.
+    fn schedule(&mut self, only_prefix_waiters: bool) -> Vec<scheduler::Work> {
+        let budget = self.prompt_budget(only_prefix_waiters);
+        let progress: Vec<Progress> = self.running.iter().map(Live::progress).collect();
+        let plan = scheduler::plan(
+            &progress,
+            self.config.policy,
+            self.cost_us(),
+            budget,
+            !self.loading.is_empty(),
+            &mut self.cache,
+        );
+        for id in plan.preempted {
+            let i = self.running_index(id).expect("planned requests run");
+            let mut s = self.running.remove(i);
+            s.n_computed = 0;
+            s.usage.preemptions += 1;
+            self.stats.preemptions_total += 1;
+            tracing::debug!(id = s.id, "preempted");
+            self.waiting.push(s);
+        }
+        for id in plan.out_of_memory {
+            let i = self.running_index(id).expect("planned requests run");
+            let s = self.running.remove(i);
+            self.end(s, FinishReason::ContextFull);
+        }
+        plan.work
+    }
+}

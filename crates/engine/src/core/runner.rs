@@ -1,0 +1,286 @@
+//! Carrying out a step plan: the model's batch (tokens, positions, the cells they
+//! write and the windows and masks they attend over, per cache group), the forward
+//! pass (with constraint masks computed meanwhile), then committing the KV to the
+//! prefix cache and sampling.
+
+use tempo9_models::{CellRun, KvView, MaskBuilder, ModelError, SeqSpan, StepBatch, StepOutput};
+
+use super::output::{sample_one, take_token};
+use super::{EngineCore, Live};
+use crate::pages::PageId;
+use crate::partial_page;
+use crate::request::{FinishReason, RequestId};
+use crate::scheduler::{Work, CHUNK_ALIGN, KV_WINDOW_PAD};
+
+/// Attention-mask memory handed from step to step while requests run: a prompt
+/// chunk's mask at depth is megabytes (512 rows at 10K cells: 10 MB); built in
+/// fresh memory every step (page faults) it took 5 ms of a step on the H200's host,
+/// in reused memory 2 ms. Dropped when the engine goes idle, so a long prompt's
+/// masks are not kept after it.
+#[derive(Default)]
+pub(super) struct MaskBuffers(Vec<Vec<u16>>);
+
+impl MaskBuffers {
+    /// Buffers kept at most (a step with many decode rows hands back one each).
+    const KEEP: usize = 64;
+
+    /// The smallest kept buffer that holds `len` cells, else the largest (it grows).
+    pub(super) fn take(&mut self, len: usize) -> Vec<u16> {
+        let fits = (0..self.0.len())
+            .filter(|&i| self.0[i].capacity() >= len)
+            .min_by_key(|&i| self.0[i].capacity());
+        let pick = fits.or_else(|| (0..self.0.len()).max_by_key(|&i| self.0[i].capacity()));
+        pick.map_or_else(Vec::new, |i| self.0.swap_remove(i))
+    }
+
+    /// Keeps the masks of a step that has run.
+    pub(super) fn give_back(&mut self, batch: StepBatch) {
+        for v in batch.seqs.into_iter().flat_map(|s| s.views) {
+            for m in std::iter::once(v.mask).chain(v.mask_swa) {
+                if self.0.len() < Self::KEEP {
+                    self.0.push(m);
+                }
+            }
+        }
+    }
+}
+
+/// A sequence's view of one cache group for its rows at positions `start..end`: the
+/// cells of `pages` (page `i` holds positions `base + i * ps ..`), padded with masked
+/// cells to a multiple of [`KV_WINDOW_PAD`] (capped by the group's `n_cells`: the
+/// window's cells must exist; masked cells change no row's numbers on the CPU
+/// kernels used for such windows, see tempo9_models' attention plan). `masks`: the
+/// sliding limit of the main mask, and of a second, sliding mask.
+fn view(
+    n_cells: usize,
+    ps: usize,
+    pages: &[PageId],
+    base: usize,
+    (start, end): (usize, usize),
+    (limit, swa): (Option<u32>, Option<u32>),
+    buffers: &mut MaskBuffers,
+) -> KvView {
+    let n_kv = (end - base).next_multiple_of(KV_WINDOW_PAD).min(n_cells);
+    let mut window: Vec<CellRun> = Vec::new();
+    for &p in pages {
+        let start = p as usize * ps;
+        match window.last_mut() {
+            Some(r) if r.start + r.len == start => r.len += ps,
+            _ => window.push(CellRun { start, len: ps }),
+        }
+    }
+    // Pad to the window size with masked cells (any cells will do).
+    let pad = n_kv.saturating_sub(pages.len() * ps);
+    if pad > 0 {
+        match window.last_mut() {
+            Some(r) if r.start + r.len + pad <= n_cells => r.len += pad,
+            _ => window.push(CellRun { start: 0, len: pad }),
+        }
+    }
+    let n_rows = end - start;
+    let len = n_kv * n_rows;
+    let mut mask = MaskBuilder::reusing(buffers.take(len), n_kv, n_rows);
+    let mut mask_swa = swa.map(|_| MaskBuilder::reusing(buffers.take(len), n_kv, n_rows));
+    for (r, pos) in (start..end).enumerate() {
+        mask.allow_prefix_from(r, pos as i32, limit, base as i32);
+        if let Some(m) = mask_swa.as_mut() {
+            m.allow_prefix_from(r, pos as i32, swa, base as i32);
+        }
+    }
+    KvView {
+        window,
+        mask: mask.into_data(),
+        mask_swa: mask_swa.map(MaskBuilder::into_data),
+    }
+}
+
+impl EngineCore {
+    /// The step's batch, in `work`'s order: decodes first (they share matmuls),
+    /// then prompt chunks. Each sequence gets a view of every cache group: the full
+    /// group's from position 0, the sliding group's from the first page its first
+    /// row sees.
+    pub(super) fn assemble(&mut self, work: &[Work]) -> StepBatch {
+        let ps = self.cache.page_size();
+        let hp = self.model.hparams();
+        // Sliding layers kept in the full group (`swa_full`, or one group) need the
+        // sliding mask beside the full one.
+        let full_swa = self.groups[0]
+            .layers
+            .iter()
+            .any(|&l| hp.is_swa[l])
+            .then_some(hp.swa_window)
+            .flatten();
+        let sliding = self.cache.sliding().map(|s| s.window() as u32);
+        let mut b = StepBatch {
+            kv_slots: vec![Vec::new(); self.groups.len()],
+            ..StepBatch::default()
+        };
+        for w in work {
+            let s = &self.running[self.running_index(w.id).expect("planned requests run")];
+            b.batch_invariant |= self.config.deterministic || s.deterministic;
+            let table = self
+                .cache
+                .page_table(w.id)
+                .expect("running requests hold pages");
+            let row_start = b.tokens.len();
+            let n_rows = w.end - w.start;
+            let full = &table[..w.end.div_ceil(ps)];
+            let mut views = vec![view(
+                self.kv.n_cells(0),
+                ps,
+                full,
+                0,
+                (w.start, w.end),
+                (None, full_swa),
+                &mut self.mask_buffers,
+            )];
+            if let Some(window) = sliding {
+                let g = self
+                    .cache
+                    .sliding_window(w.id, w.start, w.end)
+                    .expect("sliding group");
+                views.push(view(
+                    self.kv.n_cells(1),
+                    ps,
+                    &g.pages,
+                    g.base,
+                    (w.start, w.end),
+                    (Some(window), None),
+                    &mut self.mask_buffers,
+                ));
+            }
+            for (r, pos) in (w.start..w.end).enumerate() {
+                b.tokens.push(s.tokens[pos]);
+                b.positions.push(pos as i32);
+                b.kv_slots[0].push(w.cells.full[r] as i64);
+                if sliding.is_some() {
+                    b.kv_slots[1].push(w.cells.sliding[r] as i64);
+                }
+            }
+            if w.end == s.tokens.len() {
+                b.output_rows.push((b.tokens.len() - 1) as i32);
+            }
+            b.seqs.push(SeqSpan {
+                row_start,
+                n_rows,
+                views,
+                tiled_prompt: s.n_prompt >= CHUNK_ALIGN && w.start < s.n_prompt,
+            });
+        }
+        if b.output_rows.is_empty() {
+            // Only partial prompt chunks: compute one row's logits and ignore them.
+            b.output_rows.push(0);
+        }
+        b
+    }
+
+    /// Runs the model; meanwhile a worker thread computes the constraint masks of
+    /// the requests that sample in this step.
+    pub(super) fn forward(
+        &mut self,
+        work: &[Work],
+        batch: &StepBatch,
+    ) -> Result<StepOutput, ModelError> {
+        let sampling: Vec<RequestId> = work
+            .iter()
+            .filter(|w| {
+                self.running_index(w.id)
+                    .is_some_and(|i| w.end == self.running[i].tokens.len())
+            })
+            .map(|w| w.id)
+            .collect();
+        // On a GPU, greedy picks made there save downloading the logits.
+        if self.model.greedy_on_device()
+            && self
+                .running
+                .iter()
+                .all(|s| s.plain_greedy() || !sampling.contains(&s.id))
+        {
+            return self
+                .model
+                .forward_step(&mut self.exec, &self.kv, batch, true);
+        }
+        let EngineCore {
+            model,
+            exec,
+            kv,
+            running,
+            ..
+        } = self;
+        let constrained: Vec<&mut Live> = running
+            .iter_mut()
+            .filter(|s| s.constraint.is_some() && sampling.contains(&s.id))
+            .collect();
+        if constrained.is_empty() {
+            return model.forward(exec, kv, batch).map(StepOutput::Logits);
+        }
+        std::thread::scope(|sc| {
+            let masks = sc.spawn(move || {
+                for s in constrained {
+                    let left = s.max_tokens.saturating_sub(s.usage.completion_tokens);
+                    let c = s.constraint.as_mut().expect("filtered");
+                    s.mask = Some(c.compute_mask_within(left));
+                }
+            });
+            let logits = model.forward(exec, kv, batch);
+            masks.join().expect("mask worker panicked");
+            logits.map(StepOutput::Logits)
+        })
+    }
+
+    /// Commits the step's KV, samples for every request whose tokens are all
+    /// computed, sends events and ends finished requests.
+    pub(super) fn after_step(&mut self, work: &[Work], out: &mut StepOutput) {
+        let n_vocab = self.model.hparams().n_vocab;
+        // Output rows follow the batch order.
+        let mut row = 0;
+        let mut finished: Vec<(RequestId, FinishReason)> = Vec::new();
+        for w in work {
+            let i = self.running_index(w.id).expect("planned requests run");
+            let s = &mut self.running[i];
+            s.n_computed = w.end;
+            self.cache
+                .commit(s.id, &s.tokens[..s.n_computed])
+                .expect("cells were appended");
+            if w.end == s.n_prompt {
+                // A later prompt is likely to fork at or after this one's end.
+                let ps = self.cache.page_size();
+                self.cache.add_checkpoint(s.id, s.n_prompt / ps * ps);
+            }
+            if w.end == s.n_prompt && s.usage.preemptions == 0 {
+                // Its prompt was computed in pieces starting at multiples of
+                // ROW_GROUP: the rows in whole blocks are exact (see partial_page).
+                s.exact_cells = partial_page::exact_cells(s.n_prompt);
+            }
+            if w.end < s.tokens.len() {
+                continue;
+            }
+            let ended = match out {
+                StepOutput::Logits(logits) => {
+                    let l = &mut logits[row * n_vocab..(row + 1) * n_vocab];
+                    sample_one(s, l, &self.tok, self.limits.max_context)
+                }
+                StepOutput::Tokens(ids) => take_token(
+                    s,
+                    ids[row],
+                    None,
+                    Vec::new(),
+                    &self.tok,
+                    self.limits.max_context,
+                ),
+            };
+            row += 1;
+            if let Some(reason) = ended {
+                finished.push((s.id, reason));
+            } else if s.tx.is_closed() {
+                finished.push((s.id, FinishReason::Cancelled));
+            }
+            self.stats.generated_tokens_total += 1;
+        }
+        for (id, reason) in finished {
+            let i = self.running_index(id).expect("still running");
+            let s = self.running.remove(i);
+            self.end(s, reason);
+        }
+    }
+}

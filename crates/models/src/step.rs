@@ -1,0 +1,427 @@
+//! Running steps: the [`Executor`] (backends and scheduler), step graphs built for
+//! a batch's shape and kept for the next step of that shape, and writing a step's
+//! inputs into its graph.
+
+use std::sync::Arc;
+
+use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, KeptGraph, Scheduler, Tensor};
+
+use crate::attn::AttnOp;
+use crate::layers::{AttnInputs, Builder, Inputs, SeqInputs, StridedInputs};
+use crate::{CellRun, Graphs, KvStore, Model, ModelError, StepBatch, StepOutput};
+
+/// Compute resources of one executor of steps: the backends and the scheduler that
+/// splits graphs between them. Owned by the engine thread.
+pub struct Executor {
+    sched: Scheduler,
+    /// The last step's graph, allocated by `sched`, for the next step of its shape.
+    kept: Option<StepGraph>,
+    /// Step graphs built so far.
+    built: u64,
+}
+
+/// Everything a step's graph depends on besides its input values: a step of an
+/// equal shape computes on the same graph with new inputs.
+#[derive(Debug, PartialEq, Eq)]
+struct StepShape {
+    /// Addresses of the model and KV store (alive: the kept graph owns them).
+    model: usize,
+    kv: usize,
+    n_tokens: usize,
+    n_out: usize,
+    /// The graph ends in an argmax (greedy tokens) instead of logits.
+    greedy: bool,
+    /// Each sequence's (first row, rows): the matmul row groups.
+    seqs: Vec<(usize, usize)>,
+    /// Per cache group, its attention ops.
+    ops: Vec<Vec<OpShape>>,
+    /// [`StepBatch::batch_invariant`].
+    invariant: bool,
+}
+
+/// What an attention op bakes into the graph: its rows and the KV cells it views.
+#[derive(Debug, PartialEq, Eq)]
+struct OpShape {
+    row_start: usize,
+    n_rows: usize,
+    fa_rows: usize,
+    runs: Vec<CellRun>,
+    swa: bool,
+    /// (stride, regions, rows) of a strided op.
+    strided: Option<(usize, usize, usize)>,
+    matmul: bool,
+}
+
+impl OpShape {
+    fn of(op: &AttnOp<'_>) -> OpShape {
+        OpShape {
+            row_start: op.row_start,
+            n_rows: op.n_rows,
+            fa_rows: op.fa_rows,
+            runs: op.runs.clone(),
+            swa: op.mask_swa.is_some(),
+            strided: op
+                .strided
+                .as_ref()
+                .map(|st| (st.stride, st.q_rows.len(), st.regions.len())),
+            matmul: op.matmul,
+        }
+    }
+}
+
+impl StepShape {
+    fn of(
+        model: &Model,
+        kv: &KvStore,
+        b: &StepBatch,
+        ops: &[Vec<AttnOp<'_>>],
+        greedy: bool,
+    ) -> StepShape {
+        StepShape {
+            model: model as *const Model as usize,
+            kv: kv as *const KvStore as usize,
+            n_tokens: b.tokens.len(),
+            n_out: b.output_rows.len(),
+            greedy,
+            invariant: b.batch_invariant,
+            seqs: b.seqs.iter().map(|s| (s.row_start, s.n_rows)).collect(),
+            ops: ops
+                .iter()
+                .map(|g| g.iter().map(OpShape::of).collect())
+                .collect(),
+        }
+    }
+}
+
+/// A built and allocated step graph with the indices of its kept tensors.
+struct StepGraph {
+    shape: StepShape,
+    graph: KeptGraph,
+    ins: InputIds,
+}
+
+/// Indices of one attention op's inputs.
+struct AttnIds {
+    mask: usize,
+    mask_swa: Option<usize>,
+    /// A strided op's (q_rows, regions).
+    strided: Option<(usize, usize)>,
+    /// A matmul op's window cells.
+    cells: Option<usize>,
+}
+
+/// Adds `t` to the tensors a step graph keeps; returns its index.
+fn kept<'c>(keep: &mut Vec<Tensor<'c>>, t: Tensor<'c>) -> usize {
+    keep.push(t);
+    keep.len() - 1
+}
+
+/// Indices (into [`KeptGraph::tensor`]) of a step graph's inputs and output.
+struct InputIds {
+    tokens: usize,
+    pos: usize,
+    /// Per cache group, its KV slots.
+    slots: Vec<usize>,
+    out_ids: usize,
+    /// The logits, or in a greedy graph the token ids.
+    out: usize,
+    /// Per cache group, its attention ops' inputs.
+    attn: Vec<Vec<AttnIds>>,
+    /// Window row indices with their values.
+    window_rows: Vec<(usize, Vec<i64>)>,
+}
+
+impl Executor {
+    /// An executor for `device` (plus the CPU for anything the device cannot run).
+    pub fn new(device: Device, threads: usize) -> Result<Executor, ModelError> {
+        let mut backends = Vec::new();
+        if device.kind() != DeviceKind::Cpu {
+            backends.push(Backend::new(device)?);
+        }
+        let cpu = Backend::new(Device::cpu())?;
+        cpu.set_threads(threads);
+        backends.push(cpu);
+        let mut sched = Scheduler::new(backends, INITIAL_SCHED_SIZE)?;
+        // TEMPO9_DUMP_TENSORS=1 prints every node's sum, to compare with llama-eval-callback.
+        sched.set_debug_dump(std::env::var_os("TEMPO9_DUMP_TENSORS").is_some());
+        Ok(Executor {
+            sched,
+            kept: None,
+            built: 0,
+        })
+    }
+
+    /// Step graphs built so far (a step of the previous step's shape reuses its graph).
+    pub fn graphs_built(&self) -> u64 {
+        self.built
+    }
+
+    /// Bytes of the scheduler's compute buffers (grow with the largest step so far).
+    pub fn compute_bytes(&self) -> usize {
+        self.sched.compute_buffer_bytes()
+    }
+}
+
+/// Graph size limit: per-sequence attention makes graphs grow with the number of
+/// sequences in a step (≈ 30 layers × 64 sequences × 20 ops).
+const MAX_NODES: usize = 1 << 17;
+
+/// The scheduler's first capacity (nodes plus leafs): a decode step of one sequence
+/// of a 32-layer model fits; larger steps grow it (see `Scheduler::reserve`).
+const INITIAL_SCHED_SIZE: usize = 1 << 13;
+
+impl Model {
+    /// Plans `batch` (checked) per cache group, then computes it on the executor's
+    /// kept graph when the shape matches, else on a new one.
+    pub(crate) fn step(
+        self: &Arc<Self>,
+        exec: &mut Executor,
+        kv: &Arc<KvStore>,
+        batch: &StepBatch,
+        greedy: bool,
+    ) -> Result<StepOutput, ModelError> {
+        let cpu = self.device.kind() == DeviceKind::Cpu;
+        let ops: Vec<Vec<AttnOp<'_>>> = (0..kv.n_groups())
+            .map(|g| crate::attn::plan(batch, g, kv.n_cells(g), cpu))
+            .collect();
+        let shape = StepShape::of(self, kv, batch, &ops, greedy);
+        let Executor { sched, kept, built } = exec;
+        let t0 = std::time::Instant::now();
+        if kept.as_ref().is_none_or(|k| k.shape != shape) {
+            // Free the old graph's context before building the next.
+            *kept = None;
+            *kept = Some(self.build(sched, kv, batch, &ops, shape)?);
+            *built += 1;
+        }
+        let build_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let step = kept.as_ref().expect("built above");
+        let result = self.run(sched, step, batch, &ops, build_ms);
+        if result.is_err() {
+            // The scheduler may be half-way through it: build afresh next time.
+            *kept = None;
+        }
+        result
+    }
+
+    /// Builds and allocates a step's graph.
+    fn build(
+        self: &Arc<Self>,
+        sched: &mut Scheduler,
+        kv: &Arc<KvStore>,
+        batch: &StepBatch,
+        ops: &[Vec<AttnOp<'_>>],
+        shape: StepShape,
+    ) -> Result<StepGraph, ModelError> {
+        let n_t = batch.tokens.len();
+        let n_out = batch.output_rows.len();
+        let greedy = shape.greedy;
+        let invariant = shape.invariant;
+        // Size the arena to this graph (a fixed worst case would cost a large
+        // allocation and page faults on every rebuild).
+        // Per layer: fixed ops plus, per sequence, its own matmul group in each of
+        // the ~7 projections (view, matmul, concat), its attention ops and the K
+        // and V window of the layer's group (a view and a copy per run).
+        let per_group: Vec<usize> = (0..kv.n_groups())
+            .map(|g| {
+                64 + batch
+                    .seqs
+                    .iter()
+                    .map(|s| 48 + 6 * s.views[g].window.len())
+                    .sum::<usize>()
+            })
+            .collect();
+        let nodes = 256
+            + (0..self.hp.n_layer)
+                .map(|il| per_group[kv.group_of(il)])
+                .sum::<usize>();
+        if nodes > MAX_NODES {
+            return Err(ModelError::BadBatch(format!(
+                "step needs ~{nodes} graph nodes, more than {MAX_NODES}: fewer sequences or pages per step"
+            )));
+        }
+        let cpu = self.device.kind() == DeviceKind::Cpu;
+        let deps = (self.clone(), kv.clone());
+        let (graph, ins) = KeptGraph::build(Context::new(nodes * 2, nodes)?, deps, |ctx, deps| {
+            let (model, kv) = (&*deps.0, &*deps.1);
+            let mask_input =
+                |name: &str, op: &AttnOp<'_>| ctx.new_input(name, DType::F16, &op.mask_shape());
+            let index_input = |name: &str, n: usize| ctx.new_input(name, DType::I32, &[n as i64]);
+            let attn_inputs = |op: &AttnOp<'_>| AttnInputs {
+                row_start: op.row_start,
+                n_rows: op.n_rows,
+                fa_rows: op.fa_rows,
+                cells: op.matmul.then(|| index_input("inp_attn_cells", op.n_kv())),
+                runs: op.runs.clone(),
+                mask: mask_input("inp_mask", op),
+                mask_swa: op.mask_swa.as_ref().map(|_| mask_input("inp_mask_swa", op)),
+                strided: op.strided.as_ref().map(|st| StridedInputs {
+                    stride: st.stride,
+                    q_rows: index_input("inp_attn_q_rows", st.q_rows.len()),
+                    regions: index_input("inp_attn_regions", st.regions.len()),
+                }),
+            };
+            let inp = Inputs {
+                tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
+                pos: ctx.new_input("inp_pos", DType::I32, &[n_t as i64]),
+                slots: (0..ops.len())
+                    .map(|g| {
+                        ctx.new_input(&format!("inp_kv_slots_g{g}"), DType::I64, &[n_t as i64])
+                    })
+                    .collect(),
+                seqs: batch
+                    .seqs
+                    .iter()
+                    .map(|s| SeqInputs {
+                        row_start: s.row_start,
+                        n_rows: s.n_rows,
+                    })
+                    .collect(),
+                attn: ops
+                    .iter()
+                    .map(|g| g.iter().map(attn_inputs).collect())
+                    .collect(),
+                out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
+                n_tokens: n_t,
+                window_rows: Vec::new(),
+            };
+            let graph = ctx.new_graph(nodes);
+            let mut b = Builder {
+                ctx,
+                graph,
+                w: &model.weights,
+                kv,
+                hp: &model.hp,
+                inp,
+                cpu,
+                invariant,
+            };
+            let logits: Tensor<'_> = match &model.graphs {
+                Graphs::Llama(g) => g.build(&mut b),
+                Graphs::Gemma3(g) => g.build(&mut b),
+            };
+            let out = if greedy { b.ctx.argmax(logits) } else { logits };
+            out.set_output();
+            b.graph.expand(out);
+            let Builder { graph, inp, .. } = b;
+            // The tensors written or read each step, by index.
+            let mut keep = Vec::new();
+            let mut ins = InputIds {
+                tokens: kept(&mut keep, inp.tokens),
+                pos: kept(&mut keep, inp.pos),
+                slots: Vec::new(),
+                out_ids: kept(&mut keep, inp.out_ids),
+                out: kept(&mut keep, out),
+                attn: Vec::new(),
+                window_rows: Vec::new(),
+            };
+            for t in inp.slots {
+                ins.slots.push(kept(&mut keep, t));
+            }
+            for group in &inp.attn {
+                let mut ids = Vec::with_capacity(group.len());
+                for t in group {
+                    let mask = kept(&mut keep, t.mask);
+                    let swa = t.mask_swa.map(|m| kept(&mut keep, m));
+                    let strided = t
+                        .strided
+                        .as_ref()
+                        .map(|st| (kept(&mut keep, st.q_rows), kept(&mut keep, st.regions)));
+                    let cells = t.cells.map(|c| kept(&mut keep, c));
+                    ids.push(AttnIds {
+                        mask,
+                        mask_swa: swa,
+                        strided,
+                        cells,
+                    });
+                }
+                ins.attn.push(ids);
+            }
+            for (t, rows) in inp.window_rows {
+                ins.window_rows.push((kept(&mut keep, t), rows));
+            }
+            Ok::<_, ModelError>((graph, keep, ins))
+        })?;
+        // Nodes (at most `nodes`, the graph's capacity) plus leafs (weights, inputs;
+        // fewer than the nodes): ggml's scheduler tables hold both.
+        sched.reserve(2 * nodes)?;
+        sched.alloc_with_inputs(graph.context(), &graph.graph())?;
+        Ok(StepGraph { shape, graph, ins })
+    }
+
+    /// Writes a step's inputs into its allocated graph, computes it and reads the
+    /// logits (or greedy tokens).
+    fn run(
+        &self,
+        sched: &mut Scheduler,
+        step: &StepGraph,
+        batch: &StepBatch,
+        ops: &[Vec<AttnOp<'_>>],
+        build_ms: f64,
+    ) -> Result<StepOutput, ModelError> {
+        let t0 = std::time::Instant::now();
+        let (g, ins) = (&step.graph, &step.ins);
+        let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
+        g.tensor(ins.tokens).write(&toks)?;
+        g.tensor(ins.pos).write(&batch.positions)?;
+        for (&t, slots) in ins.slots.iter().zip(&batch.kv_slots) {
+            g.tensor(t).write(slots)?;
+        }
+        for (ids, op) in ins.attn.iter().flatten().zip(ops.iter().flatten()) {
+            let (mask, swa, strided) = (ids.mask, ids.mask_swa, ids.strided);
+            if let Some(t) = ids.cells {
+                let cells: Vec<i32> = op
+                    .runs
+                    .iter()
+                    .flat_map(|r| r.start as i32..(r.start + r.len) as i32)
+                    .collect();
+                g.tensor(t).write(&cells)?;
+            }
+            // A mask no layer reads (e.g. full attention in a Full group whose every
+            // layer slides) is not allocated.
+            let mask = g.tensor(mask);
+            if mask.is_allocated() {
+                mask.write(&op.mask)?;
+            }
+            if let (Some(t), Some(m)) = (swa, &op.mask_swa) {
+                let t = g.tensor(t);
+                if t.is_allocated() {
+                    t.write(m)?;
+                }
+            }
+            if let (Some((q_rows, regions)), Some(st)) = (strided, &op.strided) {
+                g.tensor(q_rows).write(&st.q_rows)?;
+                g.tensor(regions).write(&st.regions)?;
+            }
+        }
+        g.tensor(ins.out_ids).write(&batch.output_rows)?;
+        for (t, rows) in &ins.window_rows {
+            g.tensor(*t).write(rows)?;
+        }
+        let t1 = std::time::Instant::now();
+        sched.compute(&g.graph())?;
+        let t2 = std::time::Instant::now();
+        // Where the model's part of a step goes (with the engine's `step` line): graph
+        // build and allocation (0 when the last graph was reused), writing the inputs
+        // (token ids, masks), computing (device time plus the wait for it).
+        tracing::debug!(
+            rows = batch.tokens.len(),
+            ops = ops.iter().map(Vec::len).sum::<usize>(),
+            build_ms,
+            inputs_ms = (t1 - t0).as_secs_f64() * 1e3,
+            compute_ms = (t2 - t1).as_secs_f64() * 1e3,
+            "forward"
+        );
+        let n_out = batch.output_rows.len();
+        if step.shape.greedy {
+            let mut ids = vec![0i32; n_out];
+            g.tensor(ins.out).read_i32(&mut ids)?;
+            // -1: nothing above -f32::MAX (the host sampler's argmax gives 0 then).
+            return Ok(StepOutput::Tokens(
+                ids.into_iter().map(|t| t.max(0) as u32).collect(),
+            ));
+        }
+        let mut out = vec![0f32; n_out * self.hp.n_vocab];
+        g.tensor(ins.out).read_f32(0, &mut out)?;
+        Ok(StepOutput::Logits(out))
+    }
+}
