@@ -35,10 +35,12 @@ from llama_server import build_info, free_port, llama_bin, no_amx_shim  # noqa: 
 MODELS = {
     "smollm2": "smollm2-135m-instruct-q4_1.gguf",
     "qwen": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
 }
 MODEL_INFO = {
     "smollm2": "SmolLM2-135M-Instruct Q4_1 (8K trained context)",
     "qwen": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (32K trained context)",
+    "gemma3": "Gemma 3 270M Q4_K_M (32K trained context; 15 of 18 layers slide over 512 tokens)",
 }
 
 

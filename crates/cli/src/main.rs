@@ -117,6 +117,18 @@ pub struct ModelArgs {
     /// Q5_0/Q8_0 weights); off, batching may reorder near-tied greedy choices.
     #[arg(long)]
     pub deterministic: bool,
+    /// Keep every token's K/V in sliding-window layers too (as llama.cpp's
+    /// `--swa-full`). By default those layers (Gemma 3, GPT-OSS) hold only the pages
+    /// their window sees, which for Gemma 3 cuts KV memory at long contexts by about
+    /// the share of sliding layers (5 of 6).
+    #[arg(long)]
+    pub swa_full: bool,
+    /// Sliding-window layers keep, for a cached prefix, the window before every
+    /// multiple of this many tokens, so a prompt that forks from a cached one reuses
+    /// it up to the last such point (prompt and conversation ends are always kept).
+    /// 0 = only those ends: least memory.
+    #[arg(long, value_name = "TOKENS", default_value_t = 4096)]
+    pub swa_checkpoint: usize,
     #[command(flatten)]
     pub device: device::DeviceArgs,
 }
@@ -174,6 +186,8 @@ impl ModelArgs {
             policy: self.policy,
             ssd: self.ssd_config(),
             deterministic: self.deterministic,
+            swa_full: self.swa_full,
+            window_checkpoint_tokens: self.swa_checkpoint,
             ..EngineConfig::default()
         })
     }

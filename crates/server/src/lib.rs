@@ -480,6 +480,7 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         "Tokens per KV page.",
         s.page_tokens as f64,
     );
+    sliding_metrics(&mut out, &s);
     let hit = if s.prefix_query_tokens > 0 {
         s.prefix_hit_tokens as f64 / s.prefix_query_tokens as f64
     } else {
@@ -556,6 +557,47 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
+/// The sliding-window cache group's pages (models with sliding-window layers; all
+/// zero otherwise): what its layers hold, what they keep for prefix hits, what they
+/// released behind running requests' windows.
+fn sliding_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
+    use crate::metrics::{counter, gauge};
+    let x = &s.sliding;
+    for (name, help, v) in [
+        ("total", "Pages in the sliding-window group.", x.n_pages),
+        (
+            "used",
+            "Sliding-window pages held by running requests.",
+            x.in_use,
+        ),
+        (
+            "cached",
+            "Sliding-window pages kept for prefix hits (evictable).",
+            x.cached,
+        ),
+        ("free", "Free sliding-window pages.", x.free),
+    ] {
+        gauge(
+            out,
+            &format!("tempo9_kv_sliding_pages_{name}"),
+            help,
+            v as f64,
+        );
+    }
+    counter(
+        out,
+        "tempo9_kv_sliding_released_pages_total",
+        "Sliding-window pages released behind running requests' windows.",
+        x.released_pages,
+    );
+    counter(
+        out,
+        "tempo9_kv_sliding_shortened_hits_total",
+        "Prefix hits cut short because the sliding-window group lacked the window there.",
+        x.shortened_hits,
+    );
+}
+
 /// Pages and bytes in each KV tier, hits per tier, SSD read/write volume and time
 /// (throughput = rate of bytes / rate of seconds), SSD errors.
 fn kv_tier_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
@@ -565,8 +607,9 @@ fn kv_tier_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
     gauge(
         out,
         "tempo9_kv_ram_bytes",
-        "Bytes of KV pages in RAM holding tokens (used + cached).",
-        (ram_pages * s.page_bytes) as f64,
+        "Bytes of KV pages in RAM holding tokens (used + cached), every cache group.",
+        (ram_pages * s.page_bytes + (s.sliding.in_use + s.sliding.cached) * s.sliding_page_bytes)
+            as f64,
     );
     gauge(
         out,
