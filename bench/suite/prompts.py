@@ -29,7 +29,7 @@ import random
 # Characters per token of system_prompt() output, measured with llama-server
 # /tokenize (bench/suite/calibrate.py). Used only to size prompts.
 CHARS_PER_TOKEN = 3.9
-CHARS_PER_TOKEN_BY_MODEL = {"smollm2": 3.62, "qwen": 4.25}
+CHARS_PER_TOKEN_BY_MODEL = {"smollm2": 3.62, "qwen": 4.25, "gemma3": 3.58}
 
 
 def cpt(model_key):
