@@ -124,10 +124,11 @@ pub struct ModelArgs {
     #[arg(long)]
     pub swa_full: bool,
     /// Sliding-window layers keep, for a cached prefix, the window before every
-    /// multiple of this many tokens, so a prompt that forks from a cached one reuses
-    /// it up to the last such point (prompt and conversation ends are always kept).
-    /// 0 = only those ends: least memory.
-    #[arg(long, value_name = "TOKENS", default_value_t = 4096)]
+    /// multiple of this many tokens (llama.cpp spaces its context checkpoints the
+    /// same), so a prompt that forks from a cached one reuses it up to the last such
+    /// point. Prompt and conversation ends, and junctions where two prompts already
+    /// parted, are always kept. 0 = only those: least memory.
+    #[arg(long, value_name = "TOKENS", default_value_t = 8192)]
     pub swa_checkpoint: usize,
     #[command(flatten)]
     pub device: device::DeviceArgs,

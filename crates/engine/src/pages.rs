@@ -771,6 +771,16 @@ impl PagePool {
         self.store.page(page).entry.as_ref().map(|e| e.parent)
     }
 
+    /// Registered pages directly under `page` (prompts that continue it differently
+    /// once there are two or more); 0 when it is not registered.
+    pub fn n_children(&self, page: PageId) -> usize {
+        self.store
+            .page(page)
+            .entry
+            .as_ref()
+            .map_or(0, |e| e.children.len())
+    }
+
     /// Records that cells `cells` of `seq` hold KV that any prompt with the same
     /// tokens computes bit for bit, given the same `kind`; the pages `seq` registers
     /// from now on (whole, or kept partial) that start inside the range carry their

@@ -15,7 +15,10 @@
 //! later hit is likely to need it, so that cached windows do not grow back to a full
 //! cache: the window (and two pages more) before each multiple of [`SlidingPages::checkpoint_tokens`]
 //! tokens, the window before a prompt's last whole page (the next turn of the same
-//! conversation forks there or later), and the window at a sequence's end. Every
+//! conversation forks there or later), the window at a sequence's end, and the window
+//! before a junction of the prefix tree (a cached page under which two prompts part:
+//! the first prompt that forks there computes from the checkpoint before it, later
+//! ones hit it). Every
 //! other released page goes straight back to the free list, which hands out the most
 //! recently freed page first, so the memory a process touches stays near what it
 //! holds (host KV memory is committed on first write).
@@ -60,6 +63,8 @@ struct SeqPages {
     checkpoints: Vec<usize>,
     /// Leading pages already passed to [`SlidingPages::commit`].
     tied: usize,
+    /// The registered pages its prefix runs through, from page 0 (as last committed).
+    nodes: Vec<PageId>,
 }
 
 /// Counters of a [`SlidingPages`] group.
@@ -211,6 +216,7 @@ impl SlidingPages {
             computed: k * self.page_size,
             checkpoints: Vec::new(),
             tied: k,
+            nodes: full_pages[..k].to_vec(),
         };
         let first = self.first_page_seen(k * self.page_size);
         for (j, &full) in full_pages.iter().enumerate().take(k).skip(first) {
@@ -294,6 +300,8 @@ impl SlidingPages {
             return;
         };
         sp.tied = sp.tied.max(nodes.len());
+        sp.nodes.clear();
+        sp.nodes.extend_from_slice(nodes);
         let sp = &self.seqs[&seq];
         let pairs: Vec<(PageId, PageId)> = (0..nodes.len().min(sp.table.len()))
             .filter_map(|j| Some((nodes[j], sp.table[j]?)))
@@ -362,7 +370,7 @@ impl SlidingPages {
         let table = std::mem::take(&mut sp.table);
         for (j, p) in table.into_iter().enumerate() {
             if let Some(p) = p {
-                let keep = self.keeps(&sp, j);
+                let keep = self.keeps(&sp, j, pool);
                 self.release(p, keep, pool);
             }
         }
@@ -389,12 +397,18 @@ impl SlidingPages {
 
     /// Whether page `j` of `sp` is in the window before one of its checkpoints or a
     /// multiple of the checkpoint interval.
-    fn keeps(&self, sp: &SeqPages, j: usize) -> bool {
+    fn keeps(&self, sp: &SeqPages, j: usize, pool: &PagePool) -> bool {
         let ps = self.page_size;
         // A hit a little before a checkpoint needs a page or two more: the next turn's
         // prompt may part from this one inside its last pages.
         let sees = |c: usize| c > j * ps && self.first_page_seen(c) <= j + CHECKPOINT_SLACK_PAGES;
         if sp.checkpoints.iter().any(|&c| sees(c)) {
+            return true;
+        }
+        // A junction: a cached page of this prefix under which two prompts part, so a
+        // third one sharing the prefix is likely (agents with one system prompt).
+        let last = (j + 1 + self.window.div_ceil(ps) + CHECKPOINT_SLACK_PAGES).min(sp.nodes.len());
+        if (j + 1..=last).any(|m| sees(m * ps) && pool.n_children(sp.nodes[m - 1]) >= 2) {
             return true;
         }
         let k = self.checkpoint_tokens;
@@ -414,7 +428,7 @@ impl SlidingPages {
             .filter_map(|j| Some((j, sp.table[j].take()?)))
             .collect();
         for (j, p) in gone {
-            let keep = self.keeps(&self.seqs[&seq], j);
+            let keep = self.keeps(&self.seqs[&seq], j, pool);
             self.release(p, keep, pool);
             self.released += 1;
         }
@@ -602,6 +616,38 @@ mod tests {
             .any(|p| p.is_some()));
         sl.free(2, &pool);
         pool.free(2).unwrap();
+        sl.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_junction_keeps_its_window_for_the_prompts_after_the_first_fork() {
+        let mut pool = PagePool::new(1024, PS);
+        // No periodic checkpoints: only ends and junctions keep windows.
+        let mut sl = SlidingPages::new(1024, PS, 512, 0);
+        let t = tokens(3000, 1);
+        run(&mut pool, &mut sl, 1, &t, 512);
+        sl.free(1, &pool);
+        pool.free(1).unwrap();
+        // A second prompt forks at 2000 (inside page 31): nothing kept there yet.
+        let fork = |salt| {
+            let mut p = t[..2000].to_vec();
+            p.extend(tokens(700, salt));
+            p
+        };
+        let b = fork(2);
+        let m = pool.lookup_prefix(&b, 0);
+        assert_eq!(m.pages.len(), 31);
+        assert_eq!(sl.usable_hit(&m.pages, &pool), 0);
+        run(&mut pool, &mut sl, 2, &b, 512);
+        sl.free(2, &pool);
+        pool.free(2).unwrap();
+        // Page 30 now has two children: the third prompt hits up to the junction.
+        let c = fork(3);
+        let m = pool.lookup_prefix(&c, 0);
+        assert_eq!(sl.usable_hit(&m.pages, &pool), 31);
+        run(&mut pool, &mut sl, 3, &c, 512);
+        sl.free(3, &pool);
+        pool.free(3).unwrap();
         sl.check_invariants().unwrap();
     }
 

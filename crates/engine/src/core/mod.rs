@@ -118,7 +118,7 @@ impl Default for EngineConfig {
             ssd: None,
             deterministic: false,
             swa_full: false,
-            window_checkpoint_tokens: 4096,
+            window_checkpoint_tokens: 8192,
         }
     }
 }
