@@ -7,9 +7,11 @@
 //! [`SlidingPages`]). The coordinator keeps them in step: a sequence's token `t` has
 //! a cell in every group, appends and frees go to all groups, and a prefix hit is as
 //! long as every group can serve it. Recurrent state (Qwen3.5's linear-attention
-//! layers) joins as a third kind of manager with the same calls: a state slot per
-//! sequence and state checkpoints as sidecars of the full pages, like the sliding
-//! group's windows.
+//! layers) is the third kind: [`crate::recurrent::RecurrentStates`] keeps a state
+//! slot per sequence and state checkpoints as sidecars of the full pages, like the
+//! sliding group's windows, with the same calls (`usable_hit`, `allocate`, `free`)
+//! plus the state copies the runner makes; it joins this coordinator with the first
+//! architecture that declares such a group.
 //!
 //! Pure bookkeeping, like its managers: the KV data lives in the model's `KvStore`,
 //! one pool of cells per group.

@@ -10,6 +10,7 @@ mod core;
 mod handle;
 pub mod pages;
 mod partial_page;
+pub mod recurrent;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
