@@ -120,8 +120,10 @@ def main():
                 "No committed result for: %s. Run them with `python3 bench/suite/run.py SCENARIO`." % ", ".join(
                     "`%s`" % x for x in missing), ""]
     os.makedirs(os.path.dirname(DOC), exist_ok=True)
+    # Commands recorded with absolute paths into this checkout name them relative to it.
+    text = "\n".join(out).replace(REPO + "/", "")
     with open(DOC, "w") as f:
-        f.write("\n".join(out))
+        f.write(text)
     print("wrote", os.path.relpath(DOC, REPO))
 
 
