@@ -205,7 +205,7 @@ impl KvCache {
             let n = tokens.len() / self.full.page_size();
             if s.tied_pages(seq) < n {
                 let nodes = self.full.cached_pages(tokens, 0);
-                s.commit(seq, &nodes, &self.full);
+                s.commit(seq, &nodes, n, &self.full);
             }
         }
         Ok(())

@@ -8,6 +8,7 @@
 pub mod cache;
 mod core;
 mod handle;
+mod lru;
 pub mod pages;
 mod partial_page;
 pub mod recurrent;

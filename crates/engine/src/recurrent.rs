@@ -15,8 +15,9 @@
 //! scheduler's and the engine's choice (prompt ends, junctions, every N tokens): a
 //! step must end on the page boundary for its state to be the checkpoint's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
+use crate::lru::Lru;
 use crate::pages::{PageId, PagePool, SeqId};
 
 /// Index of a state slot.
@@ -65,8 +66,7 @@ pub struct RecurrentStats {
 pub struct RecurrentStates {
     slots: Vec<Slot>,
     free: Vec<SlotId>,
-    lru: BTreeMap<u64, SlotId>,
-    next_stamp: u64,
+    lru: Lru<SlotId>,
     /// Full page -> the checkpoint at its end.
     checkpoints: HashMap<PageId, SlotId>,
     /// Running sequence -> its live slot.
@@ -82,8 +82,7 @@ impl RecurrentStates {
         RecurrentStates {
             slots: vec![Slot::default(); n_slots],
             free: (0..n_slots as SlotId).rev().collect(),
-            lru: BTreeMap::new(),
-            next_stamp: 0,
+            lru: Lru::new(),
             checkpoints: HashMap::new(),
             seqs: HashMap::new(),
             taken: 0,
@@ -151,7 +150,7 @@ impl RecurrentStates {
         // The checkpoint itself must not be evicted for the live slot.
         let stamp = from.and_then(|s| self.slots[s as usize].lru.take());
         if let Some(stamp) = stamp {
-            self.lru.remove(&stamp);
+            self.lru.remove(stamp);
         }
         let to = self.take_slot();
         if let Some(s) = from {
@@ -196,10 +195,7 @@ impl RecurrentStates {
     }
 
     fn cache(&mut self, s: SlotId) {
-        let stamp = self.next_stamp;
-        self.next_stamp += 1;
-        self.slots[s as usize].lru = Some(stamp);
-        self.lru.insert(stamp, s);
+        self.slots[s as usize].lru = Some(self.lru.push(s));
     }
 
     /// Forgets checkpoint `s` and frees its slot.
@@ -211,7 +207,7 @@ impl RecurrentStates {
             }
         }
         if let Some(stamp) = slot.lru.take() {
-            self.lru.remove(&stamp);
+            self.lru.remove(stamp);
         }
         self.free.push(s);
     }
@@ -219,7 +215,7 @@ impl RecurrentStates {
     /// A free slot, else the least recently used checkpoint's.
     fn take_slot(&mut self) -> Option<SlotId> {
         if self.free.is_empty() {
-            let (_, s) = self.lru.pop_first()?;
+            let s = self.lru.pop_oldest()?;
             self.slots[s as usize].lru = None;
             self.drop_checkpoint(s);
             self.evicted += 1;

@@ -27,8 +27,9 @@
 //! [`PagePool::registration`]): when the full page leaves the cache, the sidecar is
 //! stale and is dropped the next time it is looked at or evicted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
+use crate::lru::Lru;
 #[cfg(test)]
 use crate::pages::TokenId;
 use crate::pages::{PageId, PagePool, SeqId};
@@ -94,8 +95,7 @@ pub struct SlidingPages {
     /// Free pages; the last one is handed out first.
     free: Vec<PageId>,
     /// Cached sidecars by LRU stamp (oldest first).
-    lru: BTreeMap<u64, PageId>,
-    next_stamp: u64,
+    lru: Lru<PageId>,
     /// Full page -> its sidecar.
     sidecars: HashMap<PageId, PageId>,
     seqs: HashMap<SeqId, SeqPages>,
@@ -121,8 +121,7 @@ impl SlidingPages {
             pages: vec![Page::default(); n_pages],
             // Page 0 is handed out first.
             free: (0..n_pages as PageId).rev().collect(),
-            lru: BTreeMap::new(),
-            next_stamp: 0,
+            lru: Lru::new(),
             sidecars: HashMap::new(),
             seqs: HashMap::new(),
             released: 0,
@@ -157,7 +156,8 @@ impl SlidingPages {
 
     /// The current counters.
     pub fn stats(&self) -> SlidingStats {
-        let in_use = self.pages.iter().filter(|p| p.refs > 0).count();
+        // Every page is held, cached or free (see `check_invariants`).
+        let in_use = self.pages.len() - self.lru.len() - self.free.len();
         SlidingStats {
             n_pages: self.pages.len(),
             in_use,
@@ -292,14 +292,16 @@ impl SlidingPages {
         (pages, first * self.page_size)
     }
 
-    /// After `seq`'s full pages were committed to the prefix cache: `nodes` are the
-    /// registered pages its prefix now runs through (its own or an equal twin's), from
-    /// page 0. Ties this group's pages to those that have no sidecar yet.
-    pub fn commit(&mut self, seq: SeqId, nodes: &[PageId], pool: &PagePool) {
+    /// After `seq`'s first `n_pages` full pages were committed to the prefix cache:
+    /// `nodes` are the registered pages its prefix now runs through (its own or an
+    /// equal twin's), from page 0 (fewer than `n_pages` where its chain broke). Ties
+    /// this group's pages to those that have no sidecar yet.
+    pub fn commit(&mut self, seq: SeqId, nodes: &[PageId], n_pages: usize, pool: &PagePool) {
         let Some(sp) = self.seqs.get_mut(&seq) else {
             return;
         };
-        sp.tied = sp.tied.max(nodes.len());
+        // Up to `n_pages` even where the chain broke: no new lookup until the next page.
+        sp.tied = sp.tied.max(n_pages);
         sp.nodes.clear();
         sp.nodes.extend_from_slice(nodes);
         let sp = &self.seqs[&seq];
@@ -437,7 +439,7 @@ impl SlidingPages {
     fn acquire(&mut self, p: PageId) {
         let pg = &mut self.pages[p as usize];
         if let Some(stamp) = pg.lru.take() {
-            self.lru.remove(&stamp);
+            self.lru.remove(stamp);
         }
         pg.refs += 1;
     }
@@ -454,10 +456,7 @@ impl SlidingPages {
             .twin
             .is_some_and(|(full, n)| pool.registration(full).is_some_and(|(m, _)| m == n));
         if keep && live {
-            let stamp = self.next_stamp;
-            self.next_stamp += 1;
-            self.pages[p as usize].lru = Some(stamp);
-            self.lru.insert(stamp, p);
+            self.pages[p as usize].lru = Some(self.lru.push(p));
         } else {
             self.detach(p);
             self.free.push(p);
@@ -473,7 +472,7 @@ impl SlidingPages {
         }
         // A detached cached page is no use to anyone.
         if let Some(stamp) = self.pages[p as usize].lru.take() {
-            self.lru.remove(&stamp);
+            self.lru.remove(stamp);
             self.free.push(p);
         }
     }
@@ -483,7 +482,7 @@ impl SlidingPages {
         if let Some(p) = self.free.pop() {
             return Some(p);
         }
-        let (_, p) = self.lru.pop_first()?;
+        let p = self.lru.pop_oldest()?;
         self.pages[p as usize].lru = None;
         self.detach(p);
         Some(p)
@@ -563,7 +562,7 @@ mod tests {
             pool.commit_full_pages(seq, &tokens[..at]).unwrap();
             let nodes = pool.cached_pages(&tokens[..at], 0);
             sl.set_computed(seq, at);
-            sl.commit(seq, &nodes, pool);
+            sl.commit(seq, &nodes, at / PS, pool);
             let held = sl.seqs[&seq].table.iter().flatten().count();
             assert!(
                 held <= (sl.window() + chunk).div_ceil(PS) + 1,

@@ -179,17 +179,6 @@ fn a_16k_prefix_hit_on_gemma3_is_exact() {
     );
 }
 
-/// Tiny xorshift RNG for reproducible workloads.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// Random arrivals of prompts longer than the window that share prefixes, with
 /// cancellations, on a pool of a few requests' worth (so the sliding group releases,
 /// keeps and evicts windows, and requests are preempted): after every step both

@@ -256,20 +256,6 @@ fn shortest_policy_serves_the_short_prompt_first() {
     assert_eq!(first_served(&model, &tok, Policy::Shortest), 1);
 }
 
-/// Tiny xorshift RNG for reproducible workloads.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Random arrivals, prompt lengths (half of them under a chunk, so short prompts copy
 /// part of a page from each other), shared prefixes and cancellations on a small
 /// pool (so pages are evicted and requests preempted). After every step the page

@@ -822,14 +822,13 @@ impl EngineCore {
     /// `only_prefix_waiters`, from [`Self::admit`]), or while some request is
     /// decoding, what fits the ITL target at the recent cost per token (see
     /// [`itl_budget`]).
-    fn prompt_budget(&self, only_prefix_waiters: bool) -> usize {
+    fn prompt_budget(&self, progress: &[Progress], only_prefix_waiters: bool) -> usize {
         let solo = self.running.len() == 1 && only_prefix_waiters && self.loading.is_empty();
         let full = if solo {
             self.config.solo_step_tokens.max(self.config.step_tokens)
         } else {
             self.config.step_tokens
         };
-        let progress: Vec<Progress> = self.running.iter().map(Live::progress).collect();
         let decoding = progress.iter().filter(|p| p.decoding()).count();
         let prompting = progress.iter().filter(|p| p.prompt_left() > 0).count();
         match (self.config.itl_target, self.token_cost_s) {
@@ -844,8 +843,8 @@ impl EngineCore {
     /// requests go back to waiting, those that can never fit end. Returns the work,
     /// in batch order.
     fn schedule(&mut self, only_prefix_waiters: bool) -> Vec<scheduler::Work> {
-        let budget = self.prompt_budget(only_prefix_waiters);
         let progress: Vec<Progress> = self.running.iter().map(Live::progress).collect();
+        let budget = self.prompt_budget(&progress, only_prefix_waiters);
         let plan = scheduler::plan(
             &progress,
             self.config.policy,

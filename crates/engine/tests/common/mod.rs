@@ -120,3 +120,17 @@ pub fn run_batch(
 pub fn tokenizer(model: &Model) -> Arc<tempo9_tokenizer::Tokenizer> {
     Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(model.gguf()).expect("tokenizer"))
 }
+
+/// Tiny xorshift RNG for reproducible workloads.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
