@@ -7,17 +7,27 @@
 //! [`SlidingPages`]). The coordinator keeps them in step: a sequence's token `t` has
 //! a cell in every group, appends and frees go to all groups, and a prefix hit is as
 //! long as every group can serve it. Recurrent state (Qwen3.5's linear-attention
-//! layers) is the third kind: [`crate::recurrent::RecurrentStates`] keeps a state
-//! slot per sequence and state checkpoints as sidecars of the full pages, like the
-//! sliding group's windows, with the same calls (`usable_hit`, `allocate`, `free`)
-//! plus the state copies the runner makes; it joins this coordinator with the first
-//! architecture that declares such a group.
+//! layers) is the third kind: [`RecurrentStates`] keeps a state slot per sequence
+//! and state checkpoints as sidecars of the full pages, like the sliding group's
+//! windows; a hit needs a checkpoint where it ends. A sequence's slot is set up
+//! (zeroed, or copied from a checkpoint) by the runner before the sequence's first
+//! step: [`KvCache::take_state_inits`].
 //!
 //! Pure bookkeeping, like its managers: the KV data lives in the model's `KvStore`,
 //! one pool of cells per group.
 
 use crate::pages::{PageError, PageId, PagePool, PoolStats, PrefixMatch, SeqId, TokenId};
+use crate::recurrent::{RecurrentStates, RecurrentStats, SlotId};
 use crate::sliding::{SlidingPages, SlidingStats};
+
+/// How a new sequence's state slot starts, before its first step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateInit {
+    /// The sequence's slot.
+    pub slot: SlotId,
+    /// The checkpoint slot to copy from (a prefix hit); None: zeros (from token 0).
+    pub from: Option<SlotId>,
+}
 
 /// The cells a step's tokens write, per group.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,6 +55,8 @@ pub struct CacheStats {
     pub full: PoolStats,
     /// Sliding-window group, if any.
     pub sliding: Option<SlidingStats>,
+    /// Recurrent-state group, if any.
+    pub recurrent: Option<RecurrentStats>,
 }
 
 /// The coordinator (see the module docs).
@@ -52,6 +64,9 @@ pub struct CacheStats {
 pub struct KvCache {
     full: PagePool,
     sliding: Option<SlidingPages>,
+    recurrent: Option<RecurrentStates>,
+    /// Slots of sequences started since the runner last took them.
+    state_inits: Vec<StateInit>,
 }
 
 impl KvCache {
@@ -60,6 +75,16 @@ impl KvCache {
         KvCache {
             full,
             sliding: None,
+            recurrent: None,
+            state_inits: Vec::new(),
+        }
+    }
+
+    /// A cache with a recurrent-state group beside the full-attention one.
+    pub fn with_recurrent(full: PagePool, recurrent: RecurrentStates) -> KvCache {
+        KvCache {
+            recurrent: Some(recurrent),
+            ..KvCache::new(full)
         }
     }
 
@@ -67,8 +92,8 @@ impl KvCache {
     /// size).
     pub fn with_sliding(full: PagePool, sliding: SlidingPages) -> KvCache {
         KvCache {
-            full,
             sliding: Some(sliding),
+            ..KvCache::new(full)
         }
     }
 
@@ -87,6 +112,28 @@ impl KvCache {
         self.sliding.as_ref()
     }
 
+    /// The recurrent-state group, if any.
+    pub fn recurrent(&self) -> Option<&RecurrentStates> {
+        self.recurrent.as_ref()
+    }
+
+    /// `seq`'s state slot in the recurrent group.
+    pub fn state_slot(&self, seq: SeqId) -> Option<SlotId> {
+        self.recurrent.as_ref()?.slot(seq)
+    }
+
+    /// Whether one more sequence can start now (a state slot is free or evictable
+    /// in the recurrent group; always, without one).
+    pub fn can_start_sequence(&self) -> bool {
+        self.recurrent.as_ref().is_none_or(|r| r.n_available() > 0)
+    }
+
+    /// The state slots of sequences started since the last call, to set up before
+    /// the next step.
+    pub fn take_state_inits(&mut self) -> Vec<StateInit> {
+        std::mem::take(&mut self.state_inits)
+    }
+
     /// Tokens per page (every group).
     pub fn page_size(&self) -> usize {
         self.full.page_size()
@@ -97,6 +144,7 @@ impl KvCache {
         CacheStats {
             full: self.full.stats(),
             sliding: self.sliding.as_ref().map(SlidingPages::stats),
+            recurrent: self.recurrent.as_ref().map(RecurrentStates::stats),
         }
     }
 
@@ -128,12 +176,26 @@ impl KvCache {
     /// the sliding group lacks the window a hit there needs.
     pub fn lookup_prefix(&self, tokens: &[TokenId], salt: u64) -> PrefixMatch {
         let mut m = self.full.lookup_prefix(tokens, salt);
-        if let Some(s) = &self.sliding {
-            let k = s.usable_hit(&m.pages, &self.full);
+        let k = self.usable_hit(&m.pages);
+        if k < m.pages.len() {
             m.pages.truncate(k);
             m.n_cached_tokens = k * self.page_size();
         }
         m
+    }
+
+    /// Of a full-attention hit over `pages`, the leading pages every other group can
+    /// serve.
+    fn usable_hit(&self, pages: &[PageId]) -> usize {
+        let s = self
+            .sliding
+            .as_ref()
+            .map_or(pages.len(), |s| s.usable_hit(pages, &self.full));
+        let r = self
+            .recurrent
+            .as_ref()
+            .map_or(pages.len(), |r| r.usable_hit(pages, &self.full));
+        s.min(r)
     }
 
     /// Starts `seq` on the prefix of `tokens` every group can serve (see
@@ -144,11 +206,17 @@ impl KvCache {
         tokens: &[TokenId],
         salt: u64,
     ) -> Result<PrefixMatch, PageError> {
-        let Some(s) = self.sliding.as_mut() else {
+        if self.sliding.is_none() && self.recurrent.is_none() {
             return self.full.allocate(seq, tokens, salt);
-        };
+        }
+        if !self.can_start_sequence() {
+            return Err(PageError::OutOfPages {
+                needed: 1,
+                available: 0,
+            });
+        }
         let whole = self.full.lookup_prefix(tokens, salt);
-        let k = s.usable_hit(&whole.pages, &self.full);
+        let k = self.usable_hit(&whole.pages);
         // A lookup covers at most (len - 1) / page_size pages.
         let upto = if k < whole.pages.len() {
             k * self.full.page_size() + 1
@@ -157,7 +225,19 @@ impl KvCache {
         };
         let m = self.full.allocate(seq, &tokens[..upto], salt)?;
         debug_assert_eq!(m.pages.len(), k);
-        s.allocate(seq, &whole.pages, k, &self.full);
+        if let Some(s) = self.sliding.as_mut() {
+            s.allocate(seq, &whole.pages, k, &self.full);
+        }
+        if let Some(r) = self.recurrent.as_mut() {
+            let copy = r
+                .allocate(seq, &whole.pages, k, &self.full)
+                .expect("a slot was available");
+            let slot = r.slot(seq).expect("just allocated");
+            self.state_inits.push(StateInit {
+                slot,
+                from: copy.map(|c| c.from),
+            });
+        }
         Ok(m)
     }
 
@@ -226,7 +306,18 @@ impl KvCache {
         if let Some(s) = self.sliding.as_mut() {
             s.free(seq, &self.full);
         }
+        self.free_state(seq);
         self.full.free(seq)
+    }
+
+    /// Frees `seq`'s state slot and forgets a set-up still pending for it.
+    fn free_state(&mut self, seq: SeqId) {
+        if let Some(r) = self.recurrent.as_mut() {
+            if let Some(slot) = r.slot(seq) {
+                self.state_inits.retain(|i| i.slot != slot);
+            }
+            r.free(seq);
+        }
     }
 
     /// Ends `seq` like [`Self::free`], keeping its page `page_index` as a partial
@@ -244,10 +335,14 @@ impl KvCache {
             let tail = kept.filter(|&p| table.as_ref().and_then(|t| t.get(page_index)) == Some(&p));
             s.free_keeping_tail(seq, tail.map(|p| (page_index, p)), &self.full);
         }
+        self.free_state(seq);
         Ok(kept)
     }
 
     /// Shrinks `seq` to its first `n_tokens` tokens in every group.
+    ///
+    /// A recurrent state cannot be rolled back: with a recurrent group, only cells
+    /// not yet computed may be dropped (the engine never truncates otherwise).
     pub fn truncate(&mut self, seq: SeqId, n_tokens: usize) -> Result<(), PageError> {
         self.full.truncate(seq, n_tokens)?;
         if let Some(s) = self.sliding.as_mut() {
@@ -261,6 +356,9 @@ impl KvCache {
         self.full.check_invariants()?;
         if let Some(s) = &self.sliding {
             s.check_invariants()?;
+        }
+        if let Some(r) = &self.recurrent {
+            r.check_invariants()?;
         }
         Ok(())
     }

@@ -195,11 +195,38 @@ impl Device {
     /// Whether this device can run `mul_mat(weight, x)` with `weight` stored in `buft`.
     /// Used to decide which weights may live in a repacked buffer type.
     pub fn supports_mul_mat_in(&self, buft: BufferType, weight: Tensor<'_>) -> bool {
-        let Ok(ctx) = Context::new(2, 0) else {
+        self.supports_weight_op_in(buft, weight, |ctx, w| {
+            let x = ctx.new_tensor(DType::F32, &[w.ne()[0], 512]);
+            ctx.mul_mat(w, x)
+        })
+    }
+
+    /// Like [`Device::supports_mul_mat_in`] for a 3-D expert weight used by
+    /// `mul_mat_id` (`n_used` experts per token), as llama.cpp checks it.
+    pub fn supports_mul_mat_id_in(
+        &self,
+        buft: BufferType,
+        weight: Tensor<'_>,
+        n_used: usize,
+    ) -> bool {
+        self.supports_weight_op_in(buft, weight, |ctx, w| {
+            let x = ctx.new_tensor(DType::F32, &[w.ne()[0], n_used as i64, 512]);
+            let ids = ctx.new_tensor(DType::I32, &[n_used as i64, 512]);
+            ctx.mul_mat_id(w, x, ids)
+        })
+    }
+
+    /// Whether this device runs the op `build(ctx, weight)` with `weight` in a buffer of `buft`.
+    fn supports_weight_op_in(
+        &self,
+        buft: BufferType,
+        weight: Tensor<'_>,
+        build: impl for<'c> FnOnce(&'c Context, Tensor<'c>) -> Tensor<'c>,
+    ) -> bool {
+        let Ok(ctx) = Context::new(4, 0) else {
             return false;
         };
-        let x = ctx.new_tensor(DType::F32, &[weight.ne()[0], 512]);
-        let op = ctx.mul_mat(weight, x);
+        let op = build(&ctx, weight);
         // SAFETY: a zero-size buffer of `buft` stands in for the weight's future buffer while
         // the device inspects the op; the weight's buffer field is restored before returning.
         unsafe {

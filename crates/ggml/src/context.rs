@@ -441,6 +441,184 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_argmax(c, a.raw()) })
     }
 
+    /// `softmax(a)` along dim 0.
+    pub fn soft_max<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_soft_max(c, a.raw()) })
+    }
+
+    /// Element-wise `a / b` (`b` broadcast over `a`).
+    pub fn div<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        Self::check_repeat(a, b, "div");
+        // SAFETY: broadcast checked.
+        self.op1(|c| unsafe { sys::ggml_div(c, a.raw(), b.raw()) })
+    }
+
+    /// Sums along dim 0: `[n, a, b, c]` gives `[1, a, b, c]`.
+    pub fn sum_rows<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_sum_rows(c, a.raw()) })
+    }
+
+    /// `a` clamped to `[min, max]`.
+    pub fn clamp<'a>(&'a self, a: Tensor<'a>, min: f32, max: f32) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_clamp(c, a.raw(), min, max) })
+    }
+
+    /// Element-wise logistic sigmoid.
+    pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_sigmoid(c, a.raw()) })
+    }
+
+    /// Element-wise SiLU, `x * sigmoid(x)`.
+    pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_silu(c, a.raw()) })
+    }
+
+    /// Element-wise softplus, `log(1 + e^x)` (`x` itself above 20).
+    pub fn softplus<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_softplus(c, a.raw()) })
+    }
+
+    /// Swaps dims 0 and 1 (a view).
+    pub fn transpose<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_transpose(c, a.raw()) })
+    }
+
+    /// The indices of the `k` largest elements of each row of `a` (`[n, rows]` F32),
+    /// largest first: `[k, rows]` I32.
+    pub fn argsort_top_k<'a>(&'a self, a: Tensor<'a>, k: usize) -> Tensor<'a> {
+        assert!(
+            a.dtype() == DType::F32 && k >= 1 && k as i64 <= a.ne()[0],
+            "argsort_top_k: F32 rows of at least k = {k}"
+        );
+        // SAFETY: checked above.
+        self.op1(|c| unsafe { sys::ggml_argsort_top_k(c, a.raw(), k as i32) })
+    }
+
+    /// Per-row expert matmul: `experts` `[k, m, n_expert]`, `b` `[k, n_b, n_tokens]`
+    /// (`n_b` 1 or `ids.ne0`), `ids` `[n_used, n_tokens]` I32. Row `j` of token `t`
+    /// multiplies by expert `ids[j, t]`; gives `[m, n_used, n_tokens]` F32.
+    pub fn mul_mat_id<'a>(
+        &'a self,
+        experts: Tensor<'a>,
+        b: Tensor<'a>,
+        ids: Tensor<'a>,
+    ) -> Tensor<'a> {
+        let (an, bn, idn) = (experts.ne(), b.ne(), ids.ne());
+        assert!(
+            ids.dtype() == DType::I32
+                && an[0] == bn[0]
+                && bn[2] == idn[1]
+                && (bn[1] == 1 || bn[1] == idn[0])
+                && idn[0] <= an[2],
+            "mul_mat_id shape mismatch: {an:?} x {bn:?} by {idn:?}"
+        );
+        // SAFETY: shapes checked above (ggml's asserts in ggml_mul_mat_id).
+        self.op1(|c| unsafe { sys::ggml_mul_mat_id(c, experts.raw(), b.raw(), ids.raw()) })
+    }
+
+    /// Multi-section rotary embedding (`GGML_ROPE_TYPE_IMROPE` and friends, mode in
+    /// `p.mode`): `a` `[head_dim, n_head, n_tokens]`, `pos` I32 of `4 * n_tokens`
+    /// positions laid out section-major (all tokens' first position, then the second...).
+    pub fn rope_multi<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        p: &RopeParams,
+        sections: [i32; 4],
+    ) -> Tensor<'a> {
+        assert_eq!(
+            a.ne()[2] * 4,
+            pos.ne()[0],
+            "rope_multi: four positions per token"
+        );
+        assert!(pos.dtype() == DType::I32);
+        let mut sections = sections;
+        // SAFETY: shapes checked; ggml copies the four sections into the op.
+        self.op1(|c| unsafe {
+            sys::ggml_rope_multi(
+                c,
+                a.raw(),
+                pos.raw(),
+                std::ptr::null_mut(),
+                p.n_dims,
+                sections.as_mut_ptr(),
+                p.mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                p.ext_factor,
+                p.attn_factor,
+                p.beta_fast,
+                p.beta_slow,
+            )
+        })
+    }
+
+    /// Depthwise causal convolution: `sx` `[d_conv - 1 + n_t, channels, n_seqs]`
+    /// F32 (each channel's previous inputs, then this step's), `w` `[d_conv,
+    /// channels]` F32. Gives `[channels, n_t, n_seqs]`.
+    pub fn ssm_conv<'a>(&'a self, sx: Tensor<'a>, w: Tensor<'a>) -> Tensor<'a> {
+        let (sn, wn) = (sx.ne(), w.ne());
+        assert!(
+            sx.dtype() == DType::F32 && w.dtype() == DType::F32 && sn[1] == wn[1] && sn[0] >= wn[0],
+            "ssm_conv shapes {sn:?} / {wn:?}"
+        );
+        // SAFETY: checked above.
+        self.op1(|c| unsafe { sys::ggml_ssm_conv(c, sx.raw(), w.raw()) })
+    }
+
+    /// Gated delta rule over a chunk of tokens per sequence (the recurrence of
+    /// gated-DeltaNet linear attention): `q`, `k` `[s, h_k, n_t, n_seqs]`, `v` `[s,
+    /// h_v, n_t, n_seqs]` (rows contiguous), `g` (log decay) and `beta` `[1, h_v,
+    /// n_t, n_seqs]`, `state` `[s, s, h_v, n_seqs]`, all F32. Queries are scaled by
+    /// `1/sqrt(s)` inside. Gives F32 `[s * h_v, n_t * n_seqs + s * n_seqs]`: the
+    /// outputs, then the final states.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_net<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        g: Tensor<'a>,
+        beta: Tensor<'a>,
+        state: Tensor<'a>,
+    ) -> Tensor<'a> {
+        let (qn, vn, sn) = (q.ne(), v.ne(), state.ne());
+        assert!(
+            qn == k.ne()
+                && qn[0] == vn[0]
+                && vn[1] % qn[1] == 0
+                && qn[2] == vn[2]
+                && qn[3] == vn[3]
+                && sn == [vn[0], vn[0], vn[1], vn[3]]
+                && g.ne() == [1, vn[1], vn[2], vn[3]]
+                && beta.ne() == [1, vn[1], vn[2], vn[3]],
+            "gated_delta_net shapes q {qn:?} v {vn:?} state {sn:?} g {:?} beta {:?}",
+            g.ne(),
+            beta.ne()
+        );
+        // SAFETY: shapes checked above (ggml asserts the rest: F32, contiguity).
+        self.op1(|c| unsafe {
+            sys::ggml_gated_delta_net(
+                c,
+                q.raw(),
+                k.raw(),
+                v.raw(),
+                g.raw(),
+                beta.raw(),
+                state.raw(),
+                1,
+            )
+        })
+    }
+
     /// `a` converted to `dtype`.
     pub fn cast<'a>(&'a self, a: Tensor<'a>, dtype: DType) -> Tensor<'a> {
         // SAFETY: live tensor.

@@ -40,7 +40,8 @@ pub struct CellRun {
     pub len: usize,
 }
 
-/// What one sequence attends over in one cache group.
+/// What one sequence attends over in one cache group (in a
+/// [`GroupKind::Recurrent`] group: its state slot, one cell, and no mask).
 ///
 /// The window is made of cell runs of the group's pool laid end to end (a paged
 /// cache gives one run per stretch of consecutive pages). A window of one run is
@@ -137,6 +138,21 @@ pub(crate) fn check(hp: &HParams, b: &StepBatch, kv: &KvStore) -> Result<(), Mod
         }
         for (g, v) in s.views.iter().enumerate() {
             let n_cells = kv.n_cells(g);
+            if kv.groups()[g].kind == GroupKind::Recurrent {
+                // The view names the sequence's state slot; nothing is masked.
+                match v.window[..] {
+                    [r] if r.len == 1 && r.start < n_cells => {}
+                    _ => {
+                        return bad(format!(
+                            "recurrent cache group {g}: a view must be one state slot"
+                        ))
+                    }
+                }
+                if !v.mask.is_empty() || v.mask_swa.is_some() {
+                    return bad(format!("recurrent cache group {g}: a view has a mask"));
+                }
+                continue;
+            }
             if let Some(r) = v
                 .window
                 .iter()

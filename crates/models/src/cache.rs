@@ -45,14 +45,19 @@ pub enum GroupKind {
         /// Positions a token sees, itself included.
         window: usize,
     },
+    /// Gated-DeltaNet layers: no per-token cells, a fixed-size recurrent state per
+    /// sequence (convolution inputs and the delta-rule matrix). The group's "cells"
+    /// are state slots: a sequence reads and writes its one slot every step, so a
+    /// slot holds the state after the last token computed into it.
+    Recurrent,
 }
 
 impl GroupKind {
     /// The sliding window, if the group slides.
     pub fn window(&self) -> Option<usize> {
         match self {
-            GroupKind::Full => None,
             GroupKind::Sliding { window } => Some(*window),
+            GroupKind::Full | GroupKind::Recurrent => None,
         }
     }
 }
@@ -73,6 +78,20 @@ pub struct CacheGroup {
 /// for the prefix index, and such a model (none of the supported files is one)
 /// is not worth a special layout.
 pub(crate) fn cache_groups(hp: &HParams, swa_full: bool) -> Vec<CacheGroup> {
+    if hp.ssm.is_some() {
+        let (recurrent, full): (Vec<usize>, Vec<usize>) =
+            (0..hp.n_layer).partition(|&il| hp.is_recurrent[il]);
+        return vec![
+            CacheGroup {
+                kind: GroupKind::Full,
+                layers: full,
+            },
+            CacheGroup {
+                kind: GroupKind::Recurrent,
+                layers: recurrent,
+            },
+        ];
+    }
     let all = || CacheGroup {
         kind: GroupKind::Full,
         layers: (0..hp.n_layer).collect(),

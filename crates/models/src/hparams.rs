@@ -14,6 +14,15 @@ pub enum Arch {
     Qwen2,
     /// Gemma 3: sliding-window layers, QK-norm, sandwich norms, GeGLU.
     Gemma3,
+    /// Qwen3: Llama layout with per-head Q/K RMSNorm and NeoX rope, no biases.
+    Qwen3,
+    /// Qwen3-MoE: Qwen3 attention, routed experts (softmax, top-k, renormalised).
+    Qwen3Moe,
+    /// Qwen3.5: gated-DeltaNet linear-attention layers with a recurrent state,
+    /// every n-th layer gated full attention with partial multi-section rope.
+    Qwen35,
+    /// Qwen3.5-MoE: Qwen3.5 with routed experts plus a gated shared expert.
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -23,6 +32,10 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "gemma3" => Some(Arch::Gemma3),
+            "qwen3" => Some(Arch::Qwen3),
+            "qwen3moe" => Some(Arch::Qwen3Moe),
+            "qwen35" => Some(Arch::Qwen35),
+            "qwen35moe" => Some(Arch::Qwen35Moe),
             _ => None,
         }
     }
@@ -33,7 +46,69 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
+    }
+
+    /// Whether the feed-forward is a mixture of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe)
+    }
+
+    /// Whether some layers are gated-DeltaNet layers with a recurrent state.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+}
+
+/// Routed experts of a mixture-of-experts feed-forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeParams {
+    /// Experts per layer.
+    pub n_expert: usize,
+    /// Experts each token goes through.
+    pub n_expert_used: usize,
+    /// Hidden size of one expert.
+    pub n_ff_exp: usize,
+    /// Hidden size of the shared expert (0: none).
+    pub n_ff_shexp: usize,
+}
+
+/// Shape of the gated-DeltaNet layers (GGUF `ssm.*` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SsmParams {
+    /// Causal convolution width (`ssm.conv_kernel`).
+    pub d_conv: usize,
+    /// Key (= value) head dimension (`ssm.state_size`).
+    pub d_state: usize,
+    /// Key heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`); a multiple of the key heads.
+    pub n_v_heads: usize,
+}
+
+impl SsmParams {
+    /// Value width, `n_v_heads * d_state` (`ssm.inner_size`).
+    pub fn d_inner(&self) -> usize {
+        self.n_v_heads * self.d_state
+    }
+
+    /// Channels through the convolution: Q, K and V.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.n_k_heads * self.d_state + self.d_inner()
+    }
+
+    /// Floats of one layer's convolution state (the last `d_conv - 1` inputs).
+    pub fn conv_state_len(&self) -> usize {
+        (self.d_conv - 1) * self.conv_channels()
+    }
+
+    /// Floats of one layer's delta-rule state (`d_state^2` per value head).
+    pub fn ssm_state_len(&self) -> usize {
+        self.d_state * self.d_state * self.n_v_heads
     }
 }
 
@@ -72,6 +147,16 @@ pub struct HParams {
     pub is_swa: Vec<bool>,
     /// Attention logit scale.
     pub attn_scale: f32,
+    /// Rope sections of multi-section rope (Qwen3.5); None for plain rope.
+    pub rope_sections: Option<[i32; 4]>,
+    /// Routed experts, for mixture-of-experts models.
+    pub moe: Option<MoeParams>,
+    /// Gated-DeltaNet shape, for hybrid models.
+    pub ssm: Option<SsmParams>,
+    /// Per layer: whether it is a gated-DeltaNet layer with a recurrent state.
+    pub is_recurrent: Vec<bool>,
+    /// Trailing multi-token-prediction blocks in the file (loaded by name, not run).
+    pub n_nextn: usize,
 }
 
 impl HParams {
@@ -88,15 +173,31 @@ impl HParams {
                 .ok_or_else(|| ModelError::MissingKey(key(k)))
         };
         let n_embd = req_u32("embedding_length")?;
-        let n_layer = req_u32("block_count")?;
+        let n_block = req_u32("block_count")?;
+        let n_nextn = md.get_u32(&key("nextn_predict_layers"))?.unwrap_or(0) as usize;
+        if n_nextn >= n_block {
+            return Err(ModelError::BadHParams(format!(
+                "{n_nextn} next-token-prediction blocks of {n_block}"
+            )));
+        }
+        let n_layer = n_block - n_nextn;
         let n_head = req_u32("attention.head_count")?;
         let n_head_kv = md
             .get_u32(&key("attention.head_count_kv"))?
             .map_or(n_head, |v| v as usize);
-        let n_ff = req_u32("feed_forward_length")?;
+        // MoE files may have no dense feed-forward size.
+        let n_ff = match arch.is_moe() {
+            true => md.get_u32(&key("feed_forward_length"))?.unwrap_or(0) as usize,
+            false => req_u32("feed_forward_length")?,
+        };
         let n_ctx_train = req_u32("context_length")?;
         let bad = |what: String| Err(ModelError::BadHParams(what));
-        if n_embd == 0 || n_layer == 0 || n_head == 0 || n_head_kv == 0 || n_ff == 0 {
+        if n_embd == 0
+            || n_layer == 0
+            || n_head == 0
+            || n_head_kv == 0
+            || (n_ff == 0 && !arch.is_moe())
+        {
             return bad("zero-sized dimension".into());
         }
         if n_layer > 4096 || n_embd > 1 << 20 || n_ff > 1 << 22 || n_head > 4096 {
@@ -116,9 +217,15 @@ impl HParams {
         if head_dim == 0 || head_dim_v == 0 || head_dim % 2 != 0 || head_dim > 1024 {
             return bad(format!("head dimension {head_dim}/{head_dim_v}"));
         }
-        let rms_eps = md
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .unwrap_or(1e-5);
+        let rms_eps = match arch {
+            // llama.cpp requires the key for these.
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe => md
+                .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+                .ok_or_else(|| ModelError::MissingKey(key("attention.layer_norm_rms_epsilon")))?,
+            _ => md
+                .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-5),
+        };
         let n_rot = md
             .get_u32(&key("rope.dimension_count"))?
             .map_or(head_dim, |v| v as usize);
@@ -142,7 +249,9 @@ impl HParams {
         };
         let mode = match arch {
             Arch::Llama => 0,
-            Arch::Qwen2 | Arch::Gemma3 => 2,
+            Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe => 2,
+            // GGML_ROPE_TYPE_IMROPE: interleaved multi-section rope.
+            Arch::Qwen35 | Arch::Qwen35Moe => 40,
         };
         let rope = RopeParams {
             n_dims: n_rot as i32,
@@ -180,6 +289,117 @@ impl HParams {
                 attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
             }
         }
+        let rope_sections = match arch.is_hybrid() {
+            true => {
+                let key_s = key("rope.dimension_sections");
+                let v = md
+                    .get_i32_array(&key_s)?
+                    .map(|v| v.to_vec())
+                    .or(md
+                        .get_u32_array(&key_s)?
+                        .map(|v| v.iter().map(|&x| x as i32).collect()))
+                    .ok_or_else(|| ModelError::MissingKey(key_s.clone()))?;
+                if v.len() < 3 || v.len() > 4 || v.iter().any(|&x| x < 0) {
+                    return bad(format!("{key_s} {v:?}: want 3 or 4 sections"));
+                }
+                let mut s = [0i32; 4];
+                s[..v.len()].copy_from_slice(&v);
+                Some(s)
+            }
+            false => None,
+        };
+        let moe = match arch.is_moe() {
+            true => {
+                let n_expert = req_u32("expert_count")?;
+                let n_expert_used = req_u32("expert_used_count")?;
+                if n_expert == 0
+                    || n_expert_used == 0
+                    || n_expert_used > n_expert
+                    || n_expert > 4096
+                {
+                    return bad(format!(
+                        "{n_expert_used} experts used of {n_expert} (expert_count, expert_used_count)"
+                    ));
+                }
+                let n_ff_exp = md
+                    .get_u32(&key("expert_feed_forward_length"))?
+                    .map_or(n_ff / n_expert_used, |v| v as usize);
+                let n_ff_shexp = match arch {
+                    Arch::Qwen35Moe => md
+                        .get_u32(&key("expert_shared_feed_forward_length"))?
+                        .map_or(n_ff, |v| v as usize),
+                    _ => 0,
+                };
+                if n_ff_exp == 0 {
+                    return bad("expert_feed_forward_length is 0".into());
+                }
+                Some(MoeParams {
+                    n_expert,
+                    n_expert_used,
+                    n_ff_exp,
+                    n_ff_shexp,
+                })
+            }
+            false => None,
+        };
+        let mut is_recurrent = vec![false; n_layer];
+        let ssm = match arch.is_hybrid() {
+            true => {
+                let ssm = SsmParams {
+                    d_conv: req_u32("ssm.conv_kernel")?,
+                    d_state: req_u32("ssm.state_size")?,
+                    n_k_heads: req_u32("ssm.group_count")?,
+                    n_v_heads: req_u32("ssm.time_step_rank")?,
+                };
+                let inner = req_u32("ssm.inner_size")?;
+                if ssm.d_conv < 2
+                    || ssm.d_conv > 64
+                    || ssm.d_state == 0
+                    || ssm.d_state > 1024
+                    || ssm.n_k_heads == 0
+                    || !ssm.n_v_heads.is_multiple_of(ssm.n_k_heads)
+                    || inner != ssm.d_inner()
+                {
+                    return bad(format!(
+                        "gated-DeltaNet shape {ssm:?} with ssm.inner_size {inner}: want conv_kernel >= 2, value heads a multiple of key heads, inner_size = time_step_rank * state_size"
+                    ));
+                }
+                let key_r = key("attention.recurrent_layers");
+                if let Some(flags) = md.get_bool_array(&key_r).ok().flatten() {
+                    if flags.len() != n_block {
+                        return bad(format!(
+                            "{key_r} has {} entries for {n_block} blocks",
+                            flags.len()
+                        ));
+                    }
+                    is_recurrent.copy_from_slice(&flags[..n_layer]);
+                } else if let Some(flags) = md.get_u32_array(&key_r).ok().flatten() {
+                    if flags.len() != n_block {
+                        return bad(format!(
+                            "{key_r} has {} entries for {n_block} blocks",
+                            flags.len()
+                        ));
+                    }
+                    for (r, &f) in is_recurrent.iter_mut().zip(flags) {
+                        *r = f != 0;
+                    }
+                } else {
+                    let interval =
+                        md.get_u32(&key("full_attention_interval"))?.unwrap_or(4) as usize;
+                    if interval == 0 {
+                        return bad("full_attention_interval is 0".into());
+                    }
+                    for (il, r) in is_recurrent.iter_mut().enumerate() {
+                        *r = (il + 1) % interval != 0;
+                    }
+                }
+                if is_recurrent.iter().all(|&r| r) {
+                    return bad("no full-attention layer (a hybrid model needs one)".into());
+                }
+                Some(ssm)
+            }
+            false => None,
+        };
         let n_vocab = f
             .tensor("token_embd.weight")
             .map(|t| t.shape.get(1).copied().unwrap_or(0) as usize)
@@ -204,6 +424,11 @@ impl HParams {
             swa_window,
             is_swa,
             attn_scale,
+            rope_sections,
+            moe,
+            ssm,
+            is_recurrent,
+            n_nextn,
         })
     }
 

@@ -51,16 +51,34 @@ impl KvStore {
         let mut store = TensorStore::new(2 * hp.n_layer)?;
         for (il, &g) in group_of.iter().enumerate() {
             let n_cells = cells[g] as i64;
-            store.add(
-                &format!("cache_k_l{il}"),
-                DType::F16,
-                &[hp.n_embd_k() as i64, n_cells],
-            );
-            store.add(
-                &format!("cache_v_l{il}"),
-                DType::F16,
-                &[hp.n_embd_v() as i64, n_cells],
-            );
+            match (&groups[g].kind, hp.ssm) {
+                // A recurrent layer's "K" and "V" are its two states per slot, F32
+                // like llama.cpp's (the recurrence accumulates in them).
+                (GroupKind::Recurrent, Some(ssm)) => {
+                    store.add(
+                        &format!("cache_conv_l{il}"),
+                        DType::F32,
+                        &[ssm.conv_state_len() as i64, n_cells],
+                    );
+                    store.add(
+                        &format!("cache_ssm_l{il}"),
+                        DType::F32,
+                        &[ssm.ssm_state_len() as i64, n_cells],
+                    );
+                }
+                _ => {
+                    store.add(
+                        &format!("cache_k_l{il}"),
+                        DType::F16,
+                        &[hp.n_embd_k() as i64, n_cells],
+                    );
+                    store.add(
+                        &format!("cache_v_l{il}"),
+                        DType::F16,
+                        &[hp.n_embd_v() as i64, n_cells],
+                    );
+                }
+            }
         }
         let on_device =
             |il: usize| device.kind() != DeviceKind::Cpu && offload.layer_on_device(il, hp.n_layer);
@@ -196,6 +214,30 @@ impl KvStore {
         Ok(())
     }
 
+    /// Zeroes cells `start..start + n` of `group` in every layer of the group (a
+    /// recurrent state slot before a sequence's first token).
+    pub fn clear_cells(&self, group: usize, start: usize, n: usize) -> Result<(), ModelError> {
+        assert!(
+            start + n <= self.cells[group],
+            "cells {start}+{n} out of range of group {group}"
+        );
+        let zeros = vec![0u8; self.cells_bytes(group, n)];
+        self.write_cells(group, start, n, &zeros)
+    }
+
+    /// Copies cells `from..from + n` of `group` over cells `to..to + n`, in every
+    /// layer of the group (a recurrent state checkpoint taken or restored).
+    pub fn copy_cells(
+        &self,
+        group: usize,
+        from: usize,
+        to: usize,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let data = self.read_cells(group, from, n)?;
+        self.write_cells(group, to, n, &data)
+    }
+
     /// K pool of layer `il`: `[n_embd_k, n_cells(group_of(il))]`.
     pub fn k(&self, il: usize) -> Tensor<'_> {
         assert!(il < self.group_of.len());
@@ -234,6 +276,11 @@ fn check_groups(
         if cells[g] == 0 || group.layers.is_empty() {
             return bad(format!("cache group {g} has no cells or no layers"));
         }
+        if group.kind == GroupKind::Recurrent && hp.ssm.is_none() {
+            return bad(format!(
+                "recurrent cache group {g} in a model without recurrent layers"
+            ));
+        }
         if let GroupKind::Sliding { window } = group.kind {
             if Some(window as u32) != hp.swa_window {
                 return bad(format!(
@@ -248,9 +295,16 @@ fn check_groups(
                     "layer {il} outside the model or in two cache groups"
                 ));
             }
-            if group.kind != GroupKind::Full && !hp.is_swa[il] {
+            let recurrent = hp.is_recurrent.get(il).copied().unwrap_or(false);
+            let fits = match group.kind {
+                GroupKind::Full => !recurrent,
+                GroupKind::Sliding { .. } => hp.is_swa[il],
+                GroupKind::Recurrent => recurrent,
+            };
+            if !fits {
                 return bad(format!(
-                    "full-attention layer {il} in sliding cache group {g}"
+                    "layer {il} does not keep the kind of cache of group {g} ({:?})",
+                    group.kind
                 ));
             }
             group_of[il] = g;

@@ -11,6 +11,10 @@ use crate::{CellRun, HParams};
 pub(crate) struct Inputs<'a> {
     pub tokens: Tensor<'a>,
     pub pos: Tensor<'a>,
+    /// Four positions per token, section-major, for multi-section rope (Qwen3.5).
+    pub pos_multi: Option<Tensor<'a>>,
+    /// The step's recurrent-state ops (see [`crate::deltanet`]).
+    pub states: Vec<crate::deltanet::StateInputs<'a>>,
     /// Per cache group, the cell each token's K/V goes to in the group's pools.
     pub slots: Vec<Tensor<'a>>,
     pub seqs: Vec<SeqInputs>,
@@ -216,7 +220,7 @@ impl<'a> Builder<'a> {
 
     /// Concatenates `parts` along `dim` pairwise, so each element is copied
     /// O(log parts) times rather than once per later part.
-    fn concat_all(&self, mut parts: Vec<Tensor<'a>>, dim: usize) -> Tensor<'a> {
+    pub(crate) fn concat_all(&self, mut parts: Vec<Tensor<'a>>, dim: usize) -> Tensor<'a> {
         while parts.len() > 1 {
             parts = parts
                 .chunks(2)
@@ -238,7 +242,12 @@ impl<'a> Builder<'a> {
 
     /// Rotary embedding for layer `il`.
     pub fn rope(&self, x: Tensor<'a>, il: usize) -> Tensor<'a> {
-        self.ctx.rope(x, self.inp.pos, self.hp.rope_for(il))
+        match (self.hp.rope_sections, self.inp.pos_multi) {
+            (Some(sections), Some(pos)) => {
+                self.ctx.rope_multi(x, pos, self.hp.rope_for(il), sections)
+            }
+            _ => self.ctx.rope(x, self.inp.pos, self.hp.rope_for(il)),
+        }
     }
 
     /// Writes this step's K/V (`[dim, n_head_kv, n_tokens]`) into layer `il`'s pool, then

@@ -12,9 +12,11 @@ mod arch;
 mod attn;
 mod batch;
 pub mod cache;
+mod deltanet;
 pub mod hparams;
 pub mod kv;
 mod layers;
+mod moe;
 mod step;
 pub mod weights;
 
@@ -27,7 +29,7 @@ use tempo9_gguf::{GgufError, GgufFile};
 pub use attn::MATMUL_DECODE_ABOVE;
 pub use batch::{CellRun, KvView, SeqSpan, StepBatch};
 pub use cache::{CacheGroup, GroupKind};
-pub use hparams::{Arch, HParams};
+pub use hparams::{Arch, HParams, MoeParams, SsmParams};
 pub use kv::{KvStore, MaskBuilder};
 pub use step::Executor;
 use weights::{Offload, SpecList, Weights};
@@ -42,7 +44,7 @@ pub enum ModelError {
     #[error(transparent)]
     Ggml(#[from] GgmlError),
     /// The architecture is not implemented.
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2, gemma3)")]
+    #[error("unsupported model architecture '{0}' (supported: llama, qwen2, gemma3, qwen3, qwen3moe, qwen35, qwen35moe)")]
     UnsupportedArch(String),
     /// A required metadata key is missing.
     #[error("missing metadata key {0}")]
@@ -75,6 +77,8 @@ pub enum ModelError {
 enum Graphs {
     Llama(arch::llama::Llama),
     Gemma3(arch::gemma3::Gemma3),
+    Qwen3(arch::qwen3::Qwen3),
+    Qwen35(arch::qwen35::Qwen35),
 }
 
 /// Options for loading a model.
@@ -129,6 +133,10 @@ impl Model {
             }
             Arch::Qwen2 => Graphs::Llama(arch::qwen2::declare(&hp, &file, &mut specs)),
             Arch::Gemma3 => Graphs::Gemma3(arch::gemma3::Gemma3::declare(&hp, &file, &mut specs)),
+            Arch::Qwen3 => Graphs::Qwen3(arch::qwen3::Qwen3::declare(&hp, &file, &mut specs)),
+            Arch::Qwen3Moe => Graphs::Qwen3(arch::qwen3moe::declare(&hp, &file, &mut specs)),
+            Arch::Qwen35 => Graphs::Qwen35(arch::qwen35::Qwen35::declare(&hp, &file, &mut specs)),
+            Arch::Qwen35Moe => Graphs::Qwen35(arch::qwen35moe::declare(&hp, &file, &mut specs)),
         };
         let mut no_progress = |_: u64, _: u64| {};
         let progress: &mut dyn FnMut(u64, u64) = match opts.progress.as_mut() {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, KeptGraph, Scheduler, Tensor};
 
 use crate::attn::AttnOp;
+use crate::deltanet::{StateInputs, StateOp};
 use crate::layers::{AttnInputs, Builder, Inputs, SeqInputs, StridedInputs};
-use crate::{CellRun, Graphs, KvStore, Model, ModelError, StepBatch, StepOutput};
+use crate::{CellRun, Graphs, GroupKind, KvStore, Model, ModelError, StepBatch, StepOutput};
 
 /// Compute resources of one executor of steps: the backends and the scheduler that
 /// splits graphs between them. Owned by the engine thread.
@@ -120,6 +121,10 @@ fn kept<'c>(keep: &mut Vec<Tensor<'c>>, t: Tensor<'c>) -> usize {
 struct InputIds {
     tokens: usize,
     pos: usize,
+    /// Multi-section rope positions.
+    pos_multi: Option<usize>,
+    /// Each state op's slots.
+    states: Vec<usize>,
     /// Per cache group, its KV slots.
     slots: Vec<usize>,
     out_ids: usize,
@@ -182,20 +187,25 @@ impl Model {
     ) -> Result<StepOutput, ModelError> {
         let cpu = self.device.kind() == DeviceKind::Cpu;
         let ops: Vec<Vec<AttnOp<'_>>> = (0..kv.n_groups())
-            .map(|g| crate::attn::plan(batch, g, kv.n_cells(g), cpu))
+            .map(|g| match kv.groups()[g].kind {
+                GroupKind::Recurrent => Vec::new(),
+                _ => crate::attn::plan(batch, g, kv.n_cells(g), cpu),
+            })
             .collect();
+        let kinds: Vec<GroupKind> = kv.groups().iter().map(|g| g.kind.clone()).collect();
+        let states = crate::deltanet::plan(batch, &kinds);
         let shape = StepShape::of(self, kv, batch, &ops, greedy);
         let Executor { sched, kept, built } = exec;
         let t0 = std::time::Instant::now();
         if kept.as_ref().is_none_or(|k| k.shape != shape) {
             // Free the old graph's context before building the next.
             *kept = None;
-            *kept = Some(self.build(sched, kv, batch, &ops, shape)?);
+            *kept = Some(self.build(sched, kv, batch, &ops, &states, shape)?);
             *built += 1;
         }
         let build_ms = t0.elapsed().as_secs_f64() * 1e3;
         let step = kept.as_ref().expect("built above");
-        let result = self.run(sched, step, batch, &ops, build_ms);
+        let result = self.run(sched, step, batch, &ops, &states, build_ms);
         if result.is_err() {
             // The scheduler may be half-way through it: build afresh next time.
             *kept = None;
@@ -210,6 +220,7 @@ impl Model {
         kv: &Arc<KvStore>,
         batch: &StepBatch,
         ops: &[Vec<AttnOp<'_>>],
+        states: &[StateOp],
         shape: StepShape,
     ) -> Result<StepGraph, ModelError> {
         let n_t = batch.tokens.len();
@@ -263,6 +274,18 @@ impl Model {
             let inp = Inputs {
                 tokens: ctx.new_input("inp_tokens", DType::I32, &[n_t as i64]),
                 pos: ctx.new_input("inp_pos", DType::I32, &[n_t as i64]),
+                pos_multi: model
+                    .hp
+                    .rope_sections
+                    .map(|_| ctx.new_input("inp_pos_multi", DType::I32, &[4 * n_t as i64])),
+                states: states
+                    .iter()
+                    .map(|op| StateInputs {
+                        row_start: op.row_start,
+                        n_rows: op.n_rows,
+                        slots: index_input("inp_state_slots", op.slots.len()),
+                    })
+                    .collect(),
                 slots: (0..ops.len())
                     .map(|g| {
                         ctx.new_input(&format!("inp_kv_slots_g{g}"), DType::I64, &[n_t as i64])
@@ -298,6 +321,8 @@ impl Model {
             let logits: Tensor<'_> = match &model.graphs {
                 Graphs::Llama(g) => g.build(&mut b),
                 Graphs::Gemma3(g) => g.build(&mut b),
+                Graphs::Qwen3(g) => g.build(&mut b),
+                Graphs::Qwen35(g) => g.build(&mut b),
             };
             let out = if greedy { b.ctx.argmax(logits) } else { logits };
             out.set_output();
@@ -308,6 +333,12 @@ impl Model {
             let mut ins = InputIds {
                 tokens: kept(&mut keep, inp.tokens),
                 pos: kept(&mut keep, inp.pos),
+                pos_multi: inp.pos_multi.map(|t| kept(&mut keep, t)),
+                states: inp
+                    .states
+                    .iter()
+                    .map(|s| kept(&mut keep, s.slots))
+                    .collect(),
                 slots: Vec::new(),
                 out_ids: kept(&mut keep, inp.out_ids),
                 out: kept(&mut keep, out),
@@ -356,6 +387,7 @@ impl Model {
         step: &StepGraph,
         batch: &StepBatch,
         ops: &[Vec<AttnOp<'_>>],
+        states: &[StateOp],
         build_ms: f64,
     ) -> Result<StepOutput, ModelError> {
         let t0 = std::time::Instant::now();
@@ -363,6 +395,19 @@ impl Model {
         let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
         g.tensor(ins.tokens).write(&toks)?;
         g.tensor(ins.pos).write(&batch.positions)?;
+        if let Some(t) = ins.pos_multi {
+            // Text positions: (p, p, p, 0) per token, section-major.
+            let n = batch.positions.len();
+            let mut pos = Vec::with_capacity(4 * n);
+            for _ in 0..3 {
+                pos.extend_from_slice(&batch.positions);
+            }
+            pos.resize(4 * n, 0);
+            g.tensor(t).write(&pos)?;
+        }
+        for (&t, op) in ins.states.iter().zip(states) {
+            g.tensor(t).write(&op.slots)?;
+        }
         for (&t, slots) in ins.slots.iter().zip(&batch.kv_slots) {
             g.tensor(t).write(slots)?;
         }

@@ -20,6 +20,9 @@ use crate::ModelError;
 pub enum WeightUse {
     /// Left operand of a matrix multiplication.
     MatMul,
+    /// Stacked expert matrices `[n_in, n_out, n_expert]`, multiplied per row by
+    /// `mul_mat_id`.
+    Experts,
     /// Looked up by row (token embedding).
     Rows,
     /// Element-wise operand (norm scales, biases).
@@ -282,6 +285,11 @@ impl Weights {
                     .iter()
                     .copied()
                     .find(|&b| cpu.supports_mul_mat_in(b, t)),
+                // As llama.cpp checks expert weights (the count used does not matter).
+                (false, WeightUse::Experts) => extra
+                    .iter()
+                    .copied()
+                    .find(|&b| cpu.supports_mul_mat_id_in(b, t, 2)),
                 (true, WeightUse::Rows) if device.supports_get_rows(t) => {
                     Some(device.buffer_type())
                 }

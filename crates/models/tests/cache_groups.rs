@@ -137,6 +137,7 @@ fn view(
             (start + 1).saturating_sub(window) / PAGE * PAGE,
             end.next_multiple_of(PAGE),
         ),
+        GroupKind::Recurrent => unreachable!("Gemma 3 has no recurrent layers"),
     };
     let n_pages = (stop - base) / PAGE;
     assert!(

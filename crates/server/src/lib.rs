@@ -481,6 +481,7 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         s.page_tokens as f64,
     );
     sliding_metrics(&mut out, &s);
+    recurrent_metrics(&mut out, &s);
     let hit = if s.prefix_query_tokens > 0 {
         s.prefix_hit_tokens as f64 / s.prefix_query_tokens as f64
     } else {
@@ -598,6 +599,36 @@ fn sliding_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
     );
 }
 
+/// The recurrent-state group's slots (hybrid models such as Qwen3.5; all zero
+/// otherwise): one per running request, plus state checkpoints kept for prefix hits.
+fn recurrent_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
+    use crate::metrics::gauge;
+    let x = &s.recurrent;
+    for (name, help, v) in [
+        ("total", "Recurrent state slots.", x.n_slots),
+        ("live", "State slots of running requests.", x.live),
+        (
+            "checkpoints",
+            "State slots holding checkpoints kept for prefix hits (evictable).",
+            x.checkpoints,
+        ),
+        ("free", "Free state slots.", x.free),
+    ] {
+        gauge(
+            out,
+            &format!("tempo9_kv_state_slots_{name}"),
+            help,
+            v as f64,
+        );
+    }
+    gauge(
+        out,
+        "tempo9_kv_state_slot_bytes",
+        "Bytes of one recurrent state slot (every recurrent layer's states).",
+        s.state_slot_bytes as f64,
+    );
+}
+
 /// Pages and bytes in each KV tier, hits per tier, SSD read/write volume and time
 /// (throughput = rate of bytes / rate of seconds), SSD errors.
 fn kv_tier_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
@@ -608,8 +639,9 @@ fn kv_tier_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
         out,
         "tempo9_kv_ram_bytes",
         "Bytes of KV pages in RAM holding tokens (used + cached), every cache group.",
-        (ram_pages * s.page_bytes + (s.sliding.in_use + s.sliding.cached) * s.sliding_page_bytes)
-            as f64,
+        (ram_pages * s.page_bytes
+            + (s.sliding.in_use + s.sliding.cached) * s.sliding_page_bytes
+            + (s.recurrent.live + s.recurrent.checkpoints) * s.state_slot_bytes) as f64,
     );
     gauge(
         out,

@@ -62,6 +62,10 @@ impl EngineCore {
         if limit < ROW_GROUP || s.tokens.len() != s.n_prompt || s.n_computed != start {
             return;
         }
+        if self.cache.recurrent().is_some() {
+            // Copied cells would need the state after them too.
+            return;
+        }
         let pool = self.cache.full();
         // A preempted and resumed request keeps its `exact_cells`, but its pages hold
         // those cells again only once its prompt is recomputed (or re-hit).
@@ -154,6 +158,10 @@ impl EngineCore {
     /// compute the same pages a second time (agents sharing a long system prompt
     /// arrive together); a few steps later they are a prefix-cache hit.
     pub(super) fn prefix_in_flight(&self, w: &Live, usable: usize) -> bool {
+        if self.cache.recurrent().is_some() {
+            // No hit without a state checkpoint: waiting would not help.
+            return false;
+        }
         let ps = self.cache.page_size();
         let cached = self
             .cache
@@ -217,6 +225,9 @@ impl EngineCore {
                     self.end(s, FinishReason::ContextFull);
                     continue;
                 }
+                return false;
+            }
+            if !self.cache.can_start_sequence() {
                 return false;
             }
             let mut s = self.waiting.remove(i);

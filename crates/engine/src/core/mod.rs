@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use crate::cache::KvCache;
 use crate::pages::PagePool;
 use crate::partial_page;
+use crate::recurrent::{RecurrentStates, RecurrentStats};
 use crate::request::{
     Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenMask, Usage,
 };
@@ -270,6 +271,10 @@ pub struct EngineStats {
     pub sliding: SlidingStats,
     /// Bytes of one sliding-window page (0 without one).
     pub sliding_page_bytes: usize,
+    /// The recurrent-state group's slots (all zero without one).
+    pub recurrent: RecurrentStats,
+    /// Bytes of one recurrent state slot (every recurrent layer's states; 0 without one).
+    pub state_slot_bytes: usize,
 }
 
 /// Checks a request against the engine's fixed limits; shared by the core and the
@@ -393,6 +398,7 @@ pub struct EngineCore {
     limits: Limits,
     page_bytes: usize,
     sliding_page_bytes: usize,
+    state_slot_bytes: usize,
     waiting: Vec<Live>,
     running: Vec<Live>,
     ssd: Option<SsdTier>,
@@ -442,12 +448,30 @@ impl EngineCore {
         // K and V rows are F16.
         let cell_bytes = |g: &CacheGroup| g.layers.len() * (hp.n_embd_k() + hp.n_embd_v()) * 2;
         let page_bytes = ps * cell_bytes(&groups[0]);
-        let sliding = groups.get(1).map(|g| match g.kind {
-            GroupKind::Sliding { window } => (ps * cell_bytes(g), window),
+        let sliding = groups.get(1).and_then(|g| match g.kind {
+            GroupKind::Sliding { window } => Some((ps * cell_bytes(g), window)),
+            GroupKind::Recurrent => None,
             GroupKind::Full => unreachable!("only group 0 is full attention"),
         });
+        // A recurrent group: one state slot (F32 states of every recurrent layer)
+        // per running request, taken from the budget first.
+        let recurrent = groups
+            .iter()
+            .find(|g| g.kind == GroupKind::Recurrent)
+            .zip(hp.ssm)
+            .map(|(g, ssm)| {
+                let slot_bytes = g.layers.len() * (ssm.conv_state_len() + ssm.ssm_state_len()) * 4;
+                (config.max_running, slot_bytes)
+            });
         let budget = config.kv_budget_bytes.unwrap_or_else(default_kv_budget);
-        let (n_pages, n_sliding) = split_budget(budget, page_bytes, sliding, &config);
+        let state_bytes = recurrent.map_or(0, |(n, b)| n * b);
+        let page_budget = budget.checked_sub(state_bytes).ok_or_else(|| {
+            EngineError::Config(format!(
+                "KV budget of {budget} bytes is below the recurrent states of {} running requests ({state_bytes} bytes)",
+                config.max_running
+            ))
+        })?;
+        let (n_pages, n_sliding) = split_budget(page_budget, page_bytes, sliding, &config);
         if n_pages * ps < KV_WINDOW_PAD {
             return Err(EngineError::Config(format!(
                 "KV budget of {budget} bytes holds {n_pages} pages of {ps} tokens; need at least {KV_WINDOW_PAD} tokens"
@@ -455,17 +479,22 @@ impl EngineCore {
         }
         let max_context = config.max_context.unwrap_or(hp.n_ctx_train).max(2);
         let exec = Executor::new(model.device(), config.threads)?;
-        let cells: Vec<usize> = [n_pages, n_sliding][..groups.len()]
+        let cells: Vec<usize> = groups
             .iter()
-            .map(|&n| n * ps)
+            .map(|g| match g.kind {
+                GroupKind::Full => n_pages * ps,
+                GroupKind::Sliding { .. } => n_sliding * ps,
+                GroupKind::Recurrent => recurrent.map_or(0, |(n, _)| n),
+            })
             .collect();
         let kv = model.new_kv(&groups, &cells)?;
         let sliding_page_bytes = sliding.map_or(0, |(b, _)| b);
         tracing::info!(
             n_pages,
             n_sliding_pages = n_sliding,
+            n_state_slots = recurrent.map_or(0, |(n, _)| n),
             page_tokens = ps,
-            kv_mib = (n_pages * page_bytes + n_sliding * sliding_page_bytes) >> 20,
+            kv_mib = (n_pages * page_bytes + n_sliding * sliding_page_bytes + state_bytes) >> 20,
             max_context,
             "KV pool reserved"
         );
@@ -481,12 +510,15 @@ impl EngineCore {
             .clone()
             .and_then(|c| tier::open_ssd(&model, &kv, ps, c));
         pool.set_eviction_log(ssd.is_some());
-        let cache = match sliding {
-            Some((_, window)) => KvCache::with_sliding(
+        let cache = match (sliding, recurrent) {
+            (Some((_, window)), _) => KvCache::with_sliding(
                 pool,
                 SlidingPages::new(n_sliding, ps, window, config.window_checkpoint_tokens),
             ),
-            None => KvCache::new(pool),
+            (None, Some((n_slots, _))) => {
+                KvCache::with_recurrent(pool, RecurrentStates::new(n_slots))
+            }
+            (None, None) => KvCache::new(pool),
         };
         Ok(EngineCore {
             model,
@@ -502,6 +534,7 @@ impl EngineCore {
             limits,
             page_bytes,
             sliding_page_bytes,
+            state_slot_bytes: recurrent.map_or(0, |(_, b)| b),
             waiting: Vec::new(),
             running: Vec::new(),
             next_id: 0,
@@ -561,6 +594,8 @@ impl EngineCore {
             page_bytes: self.page_bytes,
             sliding: c.sliding.unwrap_or_default(),
             sliding_page_bytes: self.sliding_page_bytes,
+            recurrent: c.recurrent.unwrap_or_default(),
+            state_slot_bytes: self.state_slot_bytes,
             prefix_query_tokens: p.query_tokens,
             prefix_hit_tokens: p.hit_tokens + self.stats.prefix_copied_tokens,
             evicted_pages: p.evicted_pages,

@@ -3,7 +3,9 @@
 //! pass (with constraint masks computed meanwhile), then committing the KV to the
 //! prefix cache and sampling.
 
-use tempo9_models::{CellRun, KvView, MaskBuilder, ModelError, SeqSpan, StepBatch, StepOutput};
+use tempo9_models::{
+    CellRun, GroupKind, KvView, MaskBuilder, ModelError, SeqSpan, StepBatch, StepOutput,
+};
 
 use super::output::{sample_one, take_token};
 use super::{EngineCore, Live};
@@ -134,6 +136,17 @@ impl EngineCore {
                 (None, full_swa),
                 &mut self.mask_buffers,
             )];
+            if let Some(slot) = self.cache.state_slot(w.id) {
+                // The recurrent group: the sequence's state slot.
+                views.push(KvView {
+                    window: vec![CellRun {
+                        start: slot as usize,
+                        len: 1,
+                    }],
+                    mask: Vec::new(),
+                    mask_swa: None,
+                });
+            }
             if let Some(window) = sliding {
                 let g = self
                     .cache
@@ -155,6 +168,9 @@ impl EngineCore {
                 b.kv_slots[0].push(w.cells.full[r] as i64);
                 if sliding.is_some() {
                     b.kv_slots[1].push(w.cells.sliding[r] as i64);
+                }
+                if let Some(slot) = self.cache.state_slot(w.id) {
+                    b.kv_slots[1].push(slot as i64);
                 }
             }
             if w.end == s.tokens.len() {
@@ -181,6 +197,7 @@ impl EngineCore {
         work: &[Work],
         batch: &StepBatch,
     ) -> Result<StepOutput, ModelError> {
+        self.init_states()?;
         let sampling: Vec<RequestId> = work
             .iter()
             .filter(|w| {
@@ -226,6 +243,26 @@ impl EngineCore {
             masks.join().expect("mask worker panicked");
             logits.map(StepOutput::Logits)
         })
+    }
+
+    /// Sets up the state slots of sequences started since the last step: zeros for
+    /// one computed from its first token, a checkpoint's copy for a prefix hit.
+    fn init_states(&mut self) -> Result<(), ModelError> {
+        let Some(g) = self
+            .groups
+            .iter()
+            .position(|g| g.kind == GroupKind::Recurrent)
+        else {
+            return Ok(());
+        };
+        for init in self.cache.take_state_inits() {
+            let to = init.slot as usize;
+            match init.from {
+                Some(from) => self.kv.copy_cells(g, from as usize, to, 1)?,
+                None => self.kv.clear_cells(g, to, 1)?,
+            }
+        }
+        Ok(())
     }
 
     /// Commits the step's KV, samples for every request whose tokens are all

@@ -60,7 +60,10 @@ impl EngineCore {
     /// Hashes of the SSD pages that continue the RAM match `m` of `tokens` (at most
     /// up to `(tokens.len() - 1) / page_size` pages in all, like a RAM lookup).
     pub(super) fn ssd_continuation(&self, tokens: &[u32], m: &PrefixMatch) -> Vec<u64> {
-        let Some(ssd) = self.ssd.as_ref().filter(|_| self.cache.sliding().is_none()) else {
+        // Pages from disk need the sliding windows or recurrent states after them,
+        // which stay in RAM only.
+        let ram_only = self.cache.sliding().is_some() || self.cache.recurrent().is_some();
+        let Some(ssd) = self.ssd.as_ref().filter(|_| !ram_only) else {
             return Vec::new();
         };
         let ps = self.cache.page_size();

@@ -3,3 +3,7 @@
 pub(crate) mod gemma3;
 pub(crate) mod llama;
 pub(crate) mod qwen2;
+pub(crate) mod qwen3;
+pub(crate) mod qwen35;
+pub(crate) mod qwen35moe;
+pub(crate) mod qwen3moe;

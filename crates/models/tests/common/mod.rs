@@ -41,6 +41,19 @@ impl Writer {
         self.key(k, 6);
         self.kv.extend(v.to_le_bytes());
     }
+    pub fn i32_array(&mut self, k: &str, v: &[i32]) {
+        self.key(k, 9);
+        self.kv.extend(5u32.to_le_bytes());
+        self.kv.extend((v.len() as u64).to_le_bytes());
+        for x in v {
+            self.kv.extend(x.to_le_bytes());
+        }
+    }
+    /// A tensor of given values.
+    pub fn tensor_values(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
+        assert_eq!(shape.iter().product::<usize>(), data.len());
+        self.tensors.push((name.into(), shape.to_vec(), data));
+    }
     pub fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64) {
         let n: usize = shape.iter().product();
         let data = (0..n)

@@ -1,0 +1,88 @@
+//! Mixture-of-experts feed-forward (Qwen3-MoE, Qwen3.5-MoE): a router picks the
+//! top-k experts of each token by softmax probability, their weights are
+//! renormalised to sum to one, and the chosen experts' SwiGLU outputs are summed
+//! with those weights. Experts are 3-D weights `[n_in, n_out, n_expert]`
+//! multiplied per row with ggml's `mul_mat_id`. Written op for op as llama.cpp's
+//! `build_moe_ffn` for these models, so the numbers match its.
+
+use tempo9_ggml::Tensor;
+
+use crate::layers::Builder;
+use crate::weights::{SpecList, WeightId, WeightUse::*};
+use crate::HParams;
+
+/// Weights of one layer's experts.
+pub(crate) struct MoeWeights {
+    /// Router: `[n_embd, n_expert]`.
+    router: WeightId,
+    gate: WeightId,
+    up: WeightId,
+    down: WeightId,
+    /// Shared expert (Qwen3.5-MoE): gate, up, down and its scalar gate `[n_embd]`.
+    shared: Option<[WeightId; 4]>,
+}
+
+impl MoeWeights {
+    /// Declares layer `il`'s routed experts (and the shared expert, if the model has one).
+    pub fn declare(hp: &HParams, specs: &mut SpecList, il: usize) -> MoeWeights {
+        let moe = hp.moe.expect("a MoE model has expert shapes");
+        let (e, f, x) = (hp.n_embd, moe.n_ff_exp, moe.n_expert);
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let shared = (moe.n_ff_shexp > 0).then(|| {
+            let fs = moe.n_ff_shexp;
+            [
+                specs.add(n("ffn_gate_shexp.weight"), &[e, fs], MatMul),
+                specs.add(n("ffn_up_shexp.weight"), &[e, fs], MatMul),
+                specs.add(n("ffn_down_shexp.weight"), &[fs, e], MatMul),
+                specs.add(n("ffn_gate_inp_shexp.weight"), &[e], MatMul),
+            ]
+        });
+        MoeWeights {
+            router: specs.add(n("ffn_gate_inp.weight"), &[e, x], MatMul),
+            gate: specs.add(n("ffn_gate_exps.weight"), &[e, f, x], Experts),
+            up: specs.add(n("ffn_up_exps.weight"), &[e, f, x], Experts),
+            down: specs.add(n("ffn_down_exps.weight"), &[f, e, x], Experts),
+            shared,
+        }
+    }
+}
+
+impl<'a> Builder<'a> {
+    /// The experts' output for `x` (`[n_embd, n_tokens]`), plus the sigmoid-gated
+    /// shared expert when the layer has one.
+    pub fn moe_ffn(&self, l: &MoeWeights, x: Tensor<'a>) -> Tensor<'a> {
+        let (ctx, hp) = (self.ctx, self.hp);
+        let moe = hp.moe.expect("a MoE model has expert shapes");
+        let (n_embd, n_t) = (x.ne()[0], x.ne()[1]);
+        let (n_exp, k) = (moe.n_expert as i64, moe.n_expert_used as i64);
+        let logits = self.linear(l.router, x, None); // [n_expert, n_t]
+        let probs = ctx.soft_max(logits);
+        let sel = ctx.argsort_top_k(probs, moe.n_expert_used); // [k, n_t]
+        let w = ctx.get_rows(ctx.reshape(probs, &[1, n_exp, n_t]), sel); // [1, k, n_t]
+        let w = ctx.reshape(w, &[k, n_t]);
+        // 2^-14, the smallest normal F16, as llama.cpp clamps it.
+        let sum = ctx.clamp(ctx.sum_rows(w), 2f32.powi(-14), f32::INFINITY);
+        let w = ctx.reshape(ctx.div(w, sum), &[1, k, n_t]);
+        let x3 = ctx.reshape(x, &[n_embd, 1, n_t]);
+        let up = ctx.mul_mat_id(self.wt(l.up), x3, sel); // [n_ff_exp, k, n_t]
+        let gate = ctx.mul_mat_id(self.wt(l.gate), x3, sel);
+        let act = ctx.swiglu_split(gate, up);
+        let e = ctx.mul(ctx.mul_mat_id(self.wt(l.down), act, sel), w); // [n_embd, k, n_t]
+                                                                       // Sum over the chosen experts in order, as llama.cpp adds them.
+        let nb = e.nb();
+        let expert = |j: i64| ctx.view(e, &[n_embd, n_t], &[nb[2]], j as usize * nb[1]);
+        let mut out = expert(0);
+        for j in 1..k {
+            out = ctx.add(out, expert(j));
+        }
+        if k == 1 {
+            out = ctx.cont(out);
+        }
+        let Some([sg, su, sd, sgate]) = l.shared else {
+            return out;
+        };
+        let sh = self.gated_ffn(x, sg, su, sd, false);
+        let gate = ctx.sigmoid(self.linear(sgate, x, None)); // [1, n_t]
+        ctx.add(out, ctx.mul(sh, gate))
+    }
+}

@@ -1,0 +1,408 @@
+//! A tiny synthetic Qwen3.5-MoE (gated-DeltaNet layers with recurrent states,
+//! gated full attention, routed and shared experts) written in memory: it loads
+//! into a Full and a Recurrent cache group, a prompt computed in chunks or token
+//! by token ends where it does in one step, sequences batched together compute
+//! what they compute alone, and malformed files fail with a message naming the key
+//! or tensor.
+
+use std::sync::Arc;
+
+use tempo9_ggml::Device;
+use tempo9_gguf::GgufFile;
+use tempo9_models::{
+    CellRun, GroupKind, KvStore, KvView, LoadOptions, MaskBuilder, Model, ModelError, SeqSpan,
+    StepBatch,
+};
+
+mod common;
+use common::Writer;
+
+const E: usize = 64;
+const LAYERS: usize = 4;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HD: usize = 32;
+const VOCAB: usize = 128;
+const EXPERTS: usize = 8;
+const USED: usize = 2;
+const FF_EXP: usize = 32;
+const STATE: usize = 16;
+const K_HEADS: usize = 2;
+const V_HEADS: usize = 4;
+const CONV: usize = 4;
+
+/// The tiny Qwen3.5-MoE; `tweak` may change metadata, `skip` leaves a tensor out.
+fn tiny(tweak: impl FnOnce(&mut Writer), skip: Option<&str>) -> Vec<u8> {
+    let a = "qwen35moe";
+    let mut w = Writer::new(a);
+    let k = |s: &str| format!("{a}.{s}");
+    w.u32(&k("embedding_length"), E as u32);
+    w.u32(&k("block_count"), LAYERS as u32);
+    w.u32(&k("attention.head_count"), HEADS as u32);
+    w.u32(&k("attention.head_count_kv"), KV_HEADS as u32);
+    w.u32(&k("attention.key_length"), HD as u32);
+    w.u32(&k("attention.value_length"), HD as u32);
+    w.u32(&k("context_length"), 4096);
+    w.f32(&k("attention.layer_norm_rms_epsilon"), 1e-6);
+    w.u32(&k("rope.dimension_count"), (HD / 4) as u32);
+    w.i32_array(&k("rope.dimension_sections"), &[2, 1, 1, 0]);
+    w.f32(&k("rope.freq_base"), 1e7);
+    w.u32(&k("ssm.conv_kernel"), CONV as u32);
+    w.u32(&k("ssm.state_size"), STATE as u32);
+    w.u32(&k("ssm.group_count"), K_HEADS as u32);
+    w.u32(&k("ssm.time_step_rank"), V_HEADS as u32);
+    w.u32(&k("ssm.inner_size"), (V_HEADS * STATE) as u32);
+    w.u32(&k("full_attention_interval"), 4);
+    w.u32(&k("expert_count"), EXPERTS as u32);
+    w.u32(&k("expert_used_count"), USED as u32);
+    w.u32(&k("expert_feed_forward_length"), FF_EXP as u32);
+    w.u32(&k("expert_shared_feed_forward_length"), FF_EXP as u32);
+    tweak(&mut w);
+    let mut seed = 0x5eed_1234_abcd_ef01u64;
+    let mut add = |w: &mut Writer, name: &str, shape: &[usize]| {
+        if Some(name) != skip {
+            w.tensor(name, shape, &mut seed);
+        }
+    };
+    add(&mut w, "token_embd.weight", &[E, VOCAB]);
+    add(&mut w, "output_norm.weight", &[E]);
+    add(&mut w, "output.weight", &[E, VOCAB]);
+    let inner = V_HEADS * STATE;
+    let channels = 2 * K_HEADS * STATE + inner;
+    for i in 0..LAYERS {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        add(&mut w, &n("attn_norm.weight"), &[E]);
+        add(&mut w, &n("post_attention_norm.weight"), &[E]);
+        if (i + 1) % 4 != 0 {
+            add(&mut w, &n("attn_qkv.weight"), &[E, channels]);
+            add(&mut w, &n("attn_gate.weight"), &[E, inner]);
+            add(&mut w, &n("ssm_conv1d.weight"), &[CONV, channels]);
+            add(&mut w, &n("ssm_dt.bias"), &[V_HEADS]);
+            if Some(n("ssm_a").as_str()) != skip {
+                // -exp(A_log): negative, so the state decays.
+                w.tensor_values(&n("ssm_a"), &[V_HEADS], vec![-0.1, -0.3, -0.7, -1.5]);
+            }
+            add(&mut w, &n("ssm_beta.weight"), &[E, V_HEADS]);
+            add(&mut w, &n("ssm_alpha.weight"), &[E, V_HEADS]);
+            add(&mut w, &n("ssm_norm.weight"), &[STATE]);
+            add(&mut w, &n("ssm_out.weight"), &[inner, E]);
+        } else {
+            add(&mut w, &n("attn_q.weight"), &[E, 2 * HEADS * HD]);
+            add(&mut w, &n("attn_k.weight"), &[E, KV_HEADS * HD]);
+            add(&mut w, &n("attn_v.weight"), &[E, KV_HEADS * HD]);
+            add(&mut w, &n("attn_q_norm.weight"), &[HD]);
+            add(&mut w, &n("attn_k_norm.weight"), &[HD]);
+            add(&mut w, &n("attn_output.weight"), &[HEADS * HD, E]);
+        }
+        add(&mut w, &n("ffn_gate_inp.weight"), &[E, EXPERTS]);
+        add(&mut w, &n("ffn_gate_exps.weight"), &[E, FF_EXP, EXPERTS]);
+        add(&mut w, &n("ffn_up_exps.weight"), &[E, FF_EXP, EXPERTS]);
+        add(&mut w, &n("ffn_down_exps.weight"), &[FF_EXP, E, EXPERTS]);
+        add(&mut w, &n("ffn_gate_shexp.weight"), &[E, FF_EXP]);
+        add(&mut w, &n("ffn_up_shexp.weight"), &[E, FF_EXP]);
+        add(&mut w, &n("ffn_down_shexp.weight"), &[FF_EXP, E]);
+        add(&mut w, &n("ffn_gate_inp_shexp.weight"), &[E]);
+    }
+    w.finish()
+}
+
+fn load(bytes: Vec<u8>) -> Result<Arc<Model>, ModelError> {
+    let f = Arc::new(GgufFile::from_bytes(bytes)?);
+    Model::from_gguf(f, LoadOptions::new(Device::cpu())).map(Arc::new)
+}
+
+/// A KV store with 256 cells of attention and 8 state slots.
+fn new_kv(model: &Model) -> Arc<KvStore> {
+    model.new_kv(&model.cache_groups(false), &[256, 8]).unwrap()
+}
+
+/// A sequence's part of a step: `tokens` at positions `start..`, its K/V in cells
+/// `base + position` of a window of `base..base + 64`, its state in `slot`.
+struct Part<'t> {
+    tokens: &'t [u32],
+    start: usize,
+    base: usize,
+    slot: usize,
+}
+
+/// Runs one step of `parts`; returns every row's logits.
+fn step(model: &Arc<Model>, kv: &Arc<KvStore>, parts: &[Part<'_>]) -> Vec<Vec<f32>> {
+    let mut b = StepBatch {
+        kv_slots: vec![Vec::new(), Vec::new()],
+        ..StepBatch::default()
+    };
+    for p in parts {
+        let row_start = b.tokens.len();
+        let mut mask = MaskBuilder::new(64, p.tokens.len());
+        for (j, &t) in p.tokens.iter().enumerate() {
+            let pos = p.start + j;
+            b.tokens.push(t);
+            b.positions.push(pos as i32);
+            b.kv_slots[0].push((p.base + pos) as i64);
+            b.kv_slots[1].push(p.slot as i64);
+            mask.allow_prefix(j, pos as i32, None);
+        }
+        b.seqs.push(SeqSpan {
+            row_start,
+            n_rows: p.tokens.len(),
+            views: vec![
+                KvView {
+                    window: vec![CellRun {
+                        start: p.base,
+                        len: 64,
+                    }],
+                    mask: mask.into_data(),
+                    mask_swa: None,
+                },
+                KvView {
+                    window: vec![CellRun {
+                        start: p.slot,
+                        len: 1,
+                    }],
+                    mask: Vec::new(),
+                    mask_swa: None,
+                },
+            ],
+            tiled_prompt: false,
+        });
+    }
+    b.output_rows = (0..b.tokens.len() as i32).collect();
+    let mut exec = tempo9_models::Executor::new(Device::cpu(), 1).unwrap();
+    let l = model.forward(&mut exec, kv, &b).unwrap();
+    l.chunks(VOCAB).map(|c| c.to_vec()).collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+const PROMPT: [u32; 20] = [
+    3, 77, 12, 90, 5, 41, 41, 8, 100, 63, 2, 19, 127, 54, 33, 7, 88, 61, 25, 9,
+];
+
+#[test]
+fn loads_into_full_and_recurrent_groups() {
+    let model = load(tiny(|_| {}, None)).expect("load");
+    let hp = model.hparams();
+    assert_eq!(hp.is_recurrent, vec![true, true, true, false]);
+    let groups = model.cache_groups(false);
+    assert_eq!(groups.len(), 2);
+    assert_eq!(
+        (groups[0].kind.clone(), groups[0].layers.clone()),
+        (GroupKind::Full, vec![3])
+    );
+    assert_eq!(
+        (groups[1].kind.clone(), groups[1].layers.clone()),
+        (GroupKind::Recurrent, vec![0, 1, 2])
+    );
+    let kv = new_kv(&model);
+    let ssm = hp.ssm.unwrap();
+    // One slot: per recurrent layer, a convolution and a delta-rule state in F32.
+    assert_eq!(
+        kv.cells_bytes(1, 1),
+        3 * 4 * (ssm.conv_state_len() + ssm.ssm_state_len())
+    );
+}
+
+/// The recurrent state carries a prompt across steps: computed in one step, in
+/// chunks or token by token, its last token's logits agree (to float rounding of
+/// matmuls over different row counts), and so does every row along the way.
+#[test]
+fn chunked_prompt_matches_one_step() {
+    let model = load(tiny(|_| {}, None)).expect("load");
+    let whole = {
+        let kv = new_kv(&model);
+        step(
+            &model,
+            &kv,
+            &[Part {
+                tokens: &PROMPT,
+                start: 0,
+                base: 0,
+                slot: 2,
+            }],
+        )
+    };
+    let mut worst = 0f32;
+    for chunks in [vec![7, 7, 6], vec![1; 20], vec![19, 1]] {
+        let kv = new_kv(&model);
+        let mut at = 0;
+        for n in &chunks {
+            let rows = step(
+                &model,
+                &kv,
+                &[Part {
+                    tokens: &PROMPT[at..at + n],
+                    start: at,
+                    base: 0,
+                    slot: 2,
+                }],
+            );
+            for (j, r) in rows.iter().enumerate() {
+                let d = max_diff(r, &whole[at + j]);
+                worst = worst.max(d);
+                assert!(d < 1e-4, "chunks {chunks:?}: row {} differs by {d}", at + j);
+            }
+            at += n;
+        }
+    }
+    // And the states matter: without them (a fresh slot each chunk) the rows differ.
+    let kv = new_kv(&model);
+    step(
+        &model,
+        &kv,
+        &[Part {
+            tokens: &PROMPT[..10],
+            start: 0,
+            base: 0,
+            slot: 2,
+        }],
+    );
+    kv.clear_cells(1, 2, 1).unwrap();
+    let rows = step(
+        &model,
+        &kv,
+        &[Part {
+            tokens: &PROMPT[10..],
+            start: 10,
+            base: 0,
+            slot: 2,
+        }],
+    );
+    let d = max_diff(&rows[9], &whole[19]);
+    eprintln!("chunked vs one step: {worst:.2e}; without the state: {d:.2e}");
+    assert!(
+        d > 1e-3 && d > 100.0 * worst,
+        "the state made no difference"
+    );
+}
+
+/// Sequences in one step (a prompt chunk, a decode row, another chunk) each read
+/// and write only their own state slot and cells: each gets what it gets alone.
+#[test]
+fn batched_sequences_keep_their_own_states() {
+    let model = load(tiny(|_| {}, None)).expect("load");
+    let (a, b, c) = (&PROMPT[..9], &PROMPT[4..5], &PROMPT[6..18]);
+    let alone = |tokens: &[u32], slot| {
+        let kv = new_kv(&model);
+        step(
+            &model,
+            &kv,
+            &[Part {
+                tokens,
+                start: 0,
+                base: 64 * slot,
+                slot,
+            }],
+        )
+    };
+    let want = [alone(a, 0), alone(b, 1), alone(c, 3)];
+    let kv = new_kv(&model);
+    let got = step(
+        &model,
+        &kv,
+        &[
+            Part {
+                tokens: a,
+                start: 0,
+                base: 0,
+                slot: 0,
+            },
+            Part {
+                tokens: b,
+                start: 0,
+                base: 64,
+                slot: 1,
+            },
+            Part {
+                tokens: c,
+                start: 0,
+                base: 192,
+                slot: 3,
+            },
+        ],
+    );
+    let mut row = 0;
+    let mut worst = 0f32;
+    for w in &want {
+        for r in w {
+            worst = worst.max(max_diff(r, &got[row]));
+            row += 1;
+        }
+    }
+    eprintln!("batched vs alone: max |logit difference| {worst:.2e}");
+    assert!(worst < 1e-4, "batched rows differ by {worst}");
+    // Then each continues by one decode row, all three in one step (one state op).
+    let next = step(
+        &model,
+        &kv,
+        &[
+            Part {
+                tokens: &[11],
+                start: 9,
+                base: 0,
+                slot: 0,
+            },
+            Part {
+                tokens: &[12],
+                start: 1,
+                base: 64,
+                slot: 1,
+            },
+            Part {
+                tokens: &[13],
+                start: 12,
+                base: 192,
+                slot: 3,
+            },
+        ],
+    );
+    let cont = |tokens: &[u32], t: u32, slot: usize| {
+        let kv = new_kv(&model);
+        step(
+            &model,
+            &kv,
+            &[Part {
+                tokens,
+                start: 0,
+                base: 64 * slot,
+                slot,
+            }],
+        );
+        step(
+            &model,
+            &kv,
+            &[Part {
+                tokens: &[t],
+                start: tokens.len(),
+                base: 64 * slot,
+                slot,
+            }],
+        )
+    };
+    for (i, (toks, t, slot)) in [(a, 11, 0), (b, 12, 1), (c, 13, 3)].into_iter().enumerate() {
+        let d = max_diff(&next[i], &cont(toks, t, slot)[0]);
+        assert!(d < 1e-4, "decode row {i} differs by {d}");
+    }
+}
+
+#[test]
+fn malformed_files_name_the_key_or_tensor() {
+    let err = |bytes| load(bytes).err().expect("must fail").to_string();
+    let e = err(tiny(|_| {}, Some("blk.1.ssm_a")));
+    assert!(e.contains("blk.1.ssm_a"), "{e}");
+    let e = err(tiny(|_| {}, Some("blk.3.attn_q_norm.weight")));
+    assert!(e.contains("blk.3.attn_q_norm.weight"), "{e}");
+    let e = err(tiny(|w| w.u32("qwen35moe.expert_used_count", 9), None));
+    assert!(e.contains("expert"), "{e}");
+    let e = err(tiny(|w| w.u32("qwen35moe.ssm.inner_size", 60), None));
+    assert!(e.contains("inner_size"), "{e}");
+    let e = err(tiny(
+        |w| w.u32("qwen35moe.full_attention_interval", 0),
+        None,
+    ));
+    assert!(e.contains("full_attention_interval"), "{e}");
+}
