@@ -111,6 +111,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn copies_tokenizer_keys_in_order() {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("qwen2".into()));
+        synthetic(1000, SynthArch::Qwen3, &mut w).unwrap();
+        w.set("tokenizer.chat_template", Value::String("{{ x }}".into()));
+        let path = std::env::temp_dir().join(format!("tempo9-vocab-{}.gguf", std::process::id()));
+        std::fs::write(&path, w.to_bytes(|_| Vec::new()).unwrap()).unwrap();
+        let (keys, n) = from_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(n, 1000);
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names[..3],
+            [
+                "tokenizer.ggml.model",
+                "tokenizer.ggml.pre",
+                "tokenizer.ggml.tokens"
+            ]
+        );
+        assert_eq!(names.last(), Some(&"tokenizer.chat_template"));
+        assert!(names.iter().all(|k| k.starts_with("tokenizer.")));
+    }
+
+    #[test]
     fn byte_chars_match_gpt2() {
         let c = byte_chars();
         assert_eq!(c[b'A' as usize], 'A');
