@@ -1,0 +1,347 @@
+//! Architectures and model shapes of `tempo9 synth-gguf`.
+
+use anyhow::{bail, Result};
+use clap::ValueEnum;
+
+/// Architecture of the synthetic model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SynthArch {
+    /// Llama (Llama 3, SmolLM2): no biases, normal rotary embedding.
+    Llama,
+    /// Qwen2 / Qwen2.5: Q/K/V biases, NeoX rotary embedding.
+    Qwen2,
+    /// Qwen3 dense: per-head Q/K RMS norms, explicit head size, NeoX rotary embedding.
+    Qwen3,
+    /// Qwen3 MoE (Qwen3-30B-A3B): Qwen3 attention, routed experts, no shared expert.
+    Qwen3moe,
+    /// Qwen3.5 dense hybrid: gated DeltaNet layers with a gated full-attention
+    /// layer every `full_attention_interval`, interleaved M-RoPE.
+    Qwen35,
+    /// Qwen3.5 MoE hybrid (Qwen3.5-35B-A3B): Qwen3.5 layers with routed experts
+    /// plus a sigmoid-gated shared expert.
+    Qwen35moe,
+}
+
+impl SynthArch {
+    /// `general.architecture` and the metadata key prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthArch::Llama => "llama",
+            SynthArch::Qwen2 => "qwen2",
+            SynthArch::Qwen3 => "qwen3",
+            SynthArch::Qwen3moe => "qwen3moe",
+            SynthArch::Qwen35 => "qwen35",
+            SynthArch::Qwen35moe => "qwen35moe",
+        }
+    }
+
+    /// Qwen3.5 hybrids (DeltaNet + gated attention).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, SynthArch::Qwen35 | SynthArch::Qwen35moe)
+    }
+
+    /// The preset used when only `--arch` is given.
+    pub fn default_preset(self) -> Preset {
+        match self {
+            SynthArch::Llama | SynthArch::Qwen2 => Preset::S135m,
+            SynthArch::Qwen3 => Preset::Qwen3_0_6b,
+            SynthArch::Qwen3moe => Preset::Qwen3_30bA3b,
+            SynthArch::Qwen35 => Preset::Qwen35_0_8b,
+            SynthArch::Qwen35moe => Preset::Qwen35_35bA3b,
+        }
+    }
+}
+
+/// Model sizes: the shapes of published models, and tiny test shapes. The Qwen3
+/// family presets imply their architecture; the others take `--arch llama|qwen2`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// SmolLM2-135M (576 wide, 30 layers, 49152 tokens).
+    #[value(name = "135m")]
+    S135m,
+    /// Qwen2.5-0.5B (896 wide, 24 layers, 151936 tokens).
+    #[value(name = "0.5b")]
+    S0_5b,
+    /// Llama-3.2-1B (2048 wide, 16 layers, 128256 tokens).
+    #[value(name = "1b")]
+    S1b,
+    /// Qwen2.5-7B (3584 wide, 28 layers, 152064 tokens).
+    #[value(name = "7b")]
+    S7b,
+    /// Llama-3.1-8B (4096 wide, 32 layers, 128256 tokens).
+    #[value(name = "8b")]
+    S8b,
+    /// Qwen3-0.6B (qwen3: 1024 wide, 28 layers, 16/8 heads of 128).
+    #[value(name = "qwen3-0.6b")]
+    Qwen3_0_6b,
+    /// Qwen3-30B-A3B (qwen3moe: 2048 wide, 48 layers, 128 experts of 768, 8 used).
+    #[value(name = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
+    /// Qwen3.5-0.8B (qwen35: 1024 wide, 24 layers, DeltaNet 16/16 heads of 128).
+    #[value(name = "qwen3.5-0.8b")]
+    Qwen35_0_8b,
+    /// Qwen3.5-2B (qwen35: 2048 wide, 24 layers, DeltaNet 16/16 heads of 128).
+    #[value(name = "qwen3.5-2b")]
+    Qwen35_2b,
+    /// Qwen3.5-4B (qwen35: 2560 wide, 32 layers, DeltaNet 16/32 heads of 128).
+    #[value(name = "qwen3.5-4b")]
+    Qwen35_4b,
+    /// Qwen3.5-9B (qwen35: 4096 wide, 32 layers, DeltaNet 16/32 heads of 128).
+    #[value(name = "qwen3.5-9b")]
+    Qwen35_9b,
+    /// Qwen3.5-27B (qwen35: 5120 wide, 64 layers, DeltaNet 16/48 heads of 128).
+    #[value(name = "qwen3.5-27b")]
+    Qwen35_27b,
+    /// Qwen3.5-35B-A3B (qwen35moe: 2048 wide, 40 layers, 256 experts of 512, 8
+    /// used, shared expert of 512, DeltaNet 16/32 heads of 128).
+    #[value(name = "qwen3.5-35b-a3b")]
+    Qwen35_35bA3b,
+    /// Test shape, qwen3: 128 wide, 4 layers, 4/2 heads of 64, 151936 tokens.
+    #[value(name = "qwen3-tiny")]
+    Qwen3Tiny,
+    /// Test shape, qwen3moe: qwen3-tiny with 8 experts of 64, 2 used.
+    #[value(name = "qwen3moe-tiny")]
+    Qwen3moeTiny,
+    /// Test shape, qwen35: 128 wide, 8 layers (full attention at 3 and 7), 4/2
+    /// heads of 64, DeltaNet 2 K heads and 4 V heads of 32.
+    #[value(name = "qwen35-tiny")]
+    Qwen35Tiny,
+    /// Test shape, qwen35moe: qwen35-tiny with 8 experts of 64, 2 used, and a
+    /// shared expert of 64.
+    #[value(name = "qwen35moe-tiny")]
+    Qwen35moeTiny,
+}
+
+/// Routed experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moe {
+    /// `expert_count`.
+    pub n_expert: u64,
+    /// `expert_used_count`.
+    pub n_used: u64,
+    /// `expert_feed_forward_length`.
+    pub n_ff_exp: u64,
+    /// `expert_shared_feed_forward_length` (qwen35moe's shared expert).
+    pub n_ff_shexp: Option<u64>,
+}
+
+/// Gated DeltaNet layers of the Qwen3.5 hybrids.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gdn {
+    /// `ssm.conv_kernel` (causal depthwise conv taps).
+    pub d_conv: u64,
+    /// `ssm.state_size` = key and value head size (16, 32, 64 or 128 for ggml's
+    /// CUDA kernel).
+    pub d_state: u64,
+    /// `ssm.group_count` = K heads.
+    pub n_k_heads: u64,
+    /// `ssm.time_step_rank` = V heads (a multiple of the K heads).
+    pub n_v_heads: u64,
+    /// `full_attention_interval`: layer i has full attention iff (i + 1) % this == 0.
+    pub interval: u64,
+}
+
+impl Gdn {
+    /// `ssm.inner_size` = V heads × head size.
+    pub fn value_dim(&self) -> u64 {
+        self.n_v_heads * self.d_state
+    }
+    /// Q and K projection widths together.
+    pub fn key_dim(&self) -> u64 {
+        self.n_k_heads * self.d_state
+    }
+    /// Channels of the causal conv: [q ; k ; v].
+    pub fn conv_dim(&self) -> u64 {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// Whether trunk layer `i` is a DeltaNet layer.
+    pub fn is_recurrent(&self, i: u64) -> bool {
+        !(i + 1).is_multiple_of(self.interval)
+    }
+}
+
+/// Shape of a model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// Architecture.
+    pub arch: SynthArch,
+    /// `embedding_length`.
+    pub n_embd: u64,
+    /// Trunk layers (without MTP blocks).
+    pub n_layer: u64,
+    /// Query heads.
+    pub n_head: u64,
+    /// Key/value heads.
+    pub n_head_kv: u64,
+    /// Attention head size (`n_embd / n_head` unless the model says otherwise).
+    pub head_dim: u64,
+    /// Dense FFN width (`feed_forward_length`; 0 = not written).
+    pub n_ff: u64,
+    /// Vocabulary size of the synthetic vocabulary (`--vocab` replaces it).
+    pub n_vocab: u64,
+    /// `rope.freq_base`.
+    pub rope_base: f32,
+    /// Rotated dimensions per head (Qwen3.5: a quarter of the head).
+    pub n_rot: u64,
+    /// `context_length`.
+    pub n_ctx: u32,
+    /// `attention.layer_norm_rms_epsilon`.
+    pub rms_eps: f32,
+    /// Routed experts instead of a dense FFN.
+    pub moe: Option<Moe>,
+    /// DeltaNet layers (Qwen3.5 hybrids).
+    pub gdn: Option<Gdn>,
+}
+
+impl Preset {
+    /// The architecture this preset implies (`None`: a plain llama/qwen2 shape).
+    pub fn arch(self) -> Option<SynthArch> {
+        use Preset::*;
+        match self {
+            S135m | S0_5b | S1b | S7b | S8b => None,
+            Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
+            Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
+            Qwen35_0_8b | Qwen35_2b | Qwen35_4b | Qwen35_9b | Qwen35_27b | Qwen35Tiny => {
+                Some(SynthArch::Qwen35)
+            }
+            Qwen35_35bA3b | Qwen35moeTiny => Some(SynthArch::Qwen35moe),
+        }
+    }
+
+    /// The shape for `arch` (which must agree with [`Preset::arch`]).
+    pub fn shape(self, arch: SynthArch) -> Shape {
+        use Preset::*;
+        // Llama/Qwen2 shapes: head size n_embd / n_head, full rotation, eps 1e-5.
+        let plain = |n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, rope_base| Shape {
+            arch,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim: n_embd / n_head,
+            n_ff,
+            n_vocab,
+            rope_base,
+            n_rot: n_embd / n_head,
+            n_ctx: 131_072,
+            rms_eps: 1e-5,
+            moe: None,
+            gdn: None,
+        };
+        // Qwen3 (HF config.json): rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
+        let qwen3 = |n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab| Shape {
+            arch,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_vocab,
+            rope_base: 1e6,
+            n_rot: head_dim,
+            n_ctx: 40_960,
+            rms_eps: 1e-6,
+            moe: None,
+            gdn: None,
+        };
+        // Qwen3.5: rope_theta 1e7, partial_rotary_factor 0.25, 262144 positions,
+        // conv kernel 4, a full-attention layer every 4.
+        let qwen35 = |n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, gdn| Shape {
+            arch,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_vocab,
+            rope_base: 1e7,
+            n_rot: head_dim / 4,
+            n_ctx: 262_144,
+            rms_eps: 1e-6,
+            moe: None,
+            gdn: Some(gdn),
+        };
+        let gdn = |d_state, n_k_heads, n_v_heads| Gdn {
+            d_conv: 4,
+            d_state,
+            n_k_heads,
+            n_v_heads,
+            interval: 4,
+        };
+        let moe = |n_expert, n_used, n_ff_exp, n_ff_shexp| {
+            Some(Moe {
+                n_expert,
+                n_used,
+                n_ff_exp,
+                n_ff_shexp,
+            })
+        };
+        match self {
+            S135m => plain(576, 30, 9, 3, 1536, 49152, 100_000.0),
+            S0_5b => plain(896, 24, 14, 2, 4864, 151_936, 1_000_000.0),
+            S1b => plain(2048, 16, 32, 8, 8192, 128_256, 500_000.0),
+            S7b => plain(3584, 28, 28, 4, 18944, 152_064, 1_000_000.0),
+            S8b => plain(4096, 32, 32, 8, 14336, 128_256, 500_000.0),
+            Qwen3_0_6b => qwen3(1024, 28, 16, 8, 128, 3072, 151_936),
+            // intermediate_size 6144 is written as feed_forward_length but unused.
+            Qwen3_30bA3b => Shape {
+                moe: moe(128, 8, 768, None),
+                ..qwen3(2048, 48, 32, 4, 128, 6144, 151_936)
+            },
+            Qwen35_0_8b => qwen35(1024, 24, 8, 2, 256, 3584, 248_320, gdn(128, 16, 16)),
+            Qwen35_2b => qwen35(2048, 24, 8, 2, 256, 6144, 248_320, gdn(128, 16, 16)),
+            Qwen35_4b => qwen35(2560, 32, 16, 4, 256, 9216, 248_320, gdn(128, 16, 32)),
+            Qwen35_9b => qwen35(4096, 32, 16, 4, 256, 12288, 248_320, gdn(128, 16, 32)),
+            Qwen35_27b => qwen35(5120, 64, 24, 4, 256, 17408, 248_320, gdn(128, 16, 48)),
+            Qwen35_35bA3b => Shape {
+                moe: moe(256, 8, 512, Some(512)),
+                ..qwen35(2048, 40, 16, 2, 256, 0, 248_320, gdn(128, 16, 32))
+            },
+            Qwen3Tiny => qwen3(128, 4, 4, 2, 64, 384, 151_936),
+            Qwen3moeTiny => Shape {
+                moe: moe(8, 2, 64, None),
+                ..qwen3(128, 4, 4, 2, 64, 384, 151_936)
+            },
+            Qwen35Tiny => qwen35(128, 8, 4, 2, 64, 384, 151_936, gdn(32, 2, 4)),
+            Qwen35moeTiny => Shape {
+                moe: moe(8, 2, 64, Some(64)),
+                ..qwen35(128, 8, 4, 2, 64, 0, 151_936, gdn(32, 2, 4))
+            },
+        }
+    }
+}
+
+/// Resolves `--arch` and `--preset` into a shape: a Qwen3-family preset implies
+/// its architecture, the plain presets take llama or qwen2.
+pub fn resolve(arch: Option<SynthArch>, preset: Option<Preset>) -> Result<Shape> {
+    let (arch, preset) = match (arch, preset) {
+        (a, Some(p)) => match (a, p.arch()) {
+            (Some(a), Some(pa)) if a != pa => bail!(
+                "preset {} is a {} model, not {}",
+                p.to_possible_value()
+                    .expect("no skipped presets")
+                    .get_name(),
+                pa.name(),
+                a.name()
+            ),
+            (Some(a), None) if !matches!(a, SynthArch::Llama | SynthArch::Qwen2) => bail!(
+                "preset {} is a llama/qwen2 shape; for --arch {} use its presets \
+                 (e.g. {})",
+                p.to_possible_value()
+                    .expect("no skipped presets")
+                    .get_name(),
+                a.name(),
+                a.default_preset()
+                    .to_possible_value()
+                    .expect("no skipped presets")
+                    .get_name()
+            ),
+            (a, pa) => (pa.or(a).unwrap_or(SynthArch::Llama), p),
+        },
+        (Some(a), None) => (a, a.default_preset()),
+        (None, None) => (SynthArch::Llama, Preset::S135m),
+    };
+    Ok(preset.shape(arch))
+}

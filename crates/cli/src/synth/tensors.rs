@@ -1,0 +1,401 @@
+//! What a synthetic model file holds: the metadata keys and the tensor list
+//! (names, ggml `ne` shapes, storage kinds, initialisation) that llama.cpp's
+//! converter writes for each architecture (`conversion/qwen.py`,
+//! `conversion/base.py`; docs/design/qwen3-family.md has the details).
+
+use tempo9_gguf::{ArrayValue, GgufWriter, Value};
+
+use super::shapes::{Shape, SynthArch};
+
+/// How a tensor's random values are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Uniform with this standard deviation.
+    Uniform(f32),
+    /// Every value equal.
+    Const(f32),
+    /// `-exp(u)` with `u` uniform in `[lo, hi)`: DeltaNet's `ssm_a = -exp(A_log)`.
+    NegExp(f32, f32),
+}
+
+/// Storage of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A weight matrix: the `--quant` type.
+    Weight,
+    /// The output projection: q6_K for k-quant files, as llama.cpp quantizes it.
+    Output,
+    /// Always F32: 1-D tensors, norms, routers, conv kernels (the converter forces these).
+    F32,
+}
+
+/// One tensor of the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    /// GGUF tensor name.
+    pub name: String,
+    /// ggml `ne` order (ne0 contiguous).
+    pub shape: Vec<u64>,
+    /// Storage.
+    pub kind: Kind,
+    /// Values.
+    pub init: Init,
+}
+
+/// Writes the architecture's metadata keys (not the vocabulary), as the
+/// converter names and types them. `mtp` adds one trailing MTP block.
+pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
+    let arch = sh.arch.name();
+    let k = |x: &str| format!("{arch}.{x}");
+    let u = |x: u64| Value::U32(x as u32);
+    let n_blocks = sh.n_layer + u64::from(mtp);
+    w.set(&k("block_count"), u(n_blocks))
+        .set(&k("context_length"), Value::U32(sh.n_ctx))
+        .set(&k("embedding_length"), u(sh.n_embd));
+    if sh.n_ff > 0 {
+        w.set(&k("feed_forward_length"), u(sh.n_ff));
+    }
+    w.set(&k("attention.head_count"), u(sh.n_head))
+        .set(&k("attention.head_count_kv"), u(sh.n_head_kv));
+    match sh.arch {
+        SynthArch::Llama | SynthArch::Qwen2 => {
+            w.set(&k("rope.dimension_count"), u(sh.n_rot));
+        }
+        SynthArch::Qwen3 | SynthArch::Qwen3moe => {}
+        SynthArch::Qwen35 | SynthArch::Qwen35moe => {
+            // Text positions are equal in all sections, so only their sum (the
+            // rotated pairs, n_rot / 2) matters to the numbers.
+            let sections = mrope_sections((sh.n_rot / 2) as i32);
+            w.set(
+                &k("rope.dimension_sections"),
+                Value::Array(ArrayValue::I32(sections)),
+            );
+        }
+    }
+    w.set(&k("rope.freq_base"), Value::F32(sh.rope_base)).set(
+        &k("attention.layer_norm_rms_epsilon"),
+        Value::F32(sh.rms_eps),
+    );
+    if let Some(m) = sh.moe {
+        w.set(&k("expert_count"), u(m.n_expert))
+            .set(&k("expert_used_count"), u(m.n_used));
+    }
+    if !matches!(sh.arch, SynthArch::Llama | SynthArch::Qwen2) {
+        // HF head_dim: always present in Qwen3 / Qwen3.5 configs.
+        w.set(&k("attention.key_length"), u(sh.head_dim))
+            .set(&k("attention.value_length"), u(sh.head_dim));
+    }
+    if let Some(m) = sh.moe {
+        w.set(&k("expert_feed_forward_length"), u(m.n_ff_exp));
+        if let Some(s) = m.n_ff_shexp {
+            w.set(&k("expert_shared_feed_forward_length"), u(s));
+        }
+    }
+    if let Some(g) = sh.gdn {
+        let recurrent: Vec<bool> = (0..n_blocks)
+            .map(|i| i < sh.n_layer && g.is_recurrent(i))
+            .collect();
+        w.set(&k("ssm.conv_kernel"), u(g.d_conv))
+            .set(&k("ssm.state_size"), u(g.d_state))
+            .set(&k("ssm.group_count"), u(g.n_k_heads))
+            .set(&k("ssm.time_step_rank"), u(g.n_v_heads))
+            .set(&k("ssm.inner_size"), u(g.value_dim()))
+            .set(
+                &k("attention.recurrent_layers"),
+                Value::Array(ArrayValue::Bool(recurrent)),
+            )
+            .set(&k("full_attention_interval"), u(g.interval))
+            .set(&k("rope.dimension_count"), u(sh.n_rot));
+        if mtp {
+            w.set(&k("nextn_predict_layers"), u(1));
+        }
+    }
+    w.set(&k("vocab_size"), u(n_vocab));
+}
+
+/// Splits `half` rotated pairs into the 3 used M-RoPE sections like Qwen3.5's
+/// [11, 11, 10, 0] (= 32): as equal as possible, the remainder on the first ones.
+fn mrope_sections(half: i32) -> Vec<i32> {
+    let base = half / 3;
+    let rem = half % 3;
+    (0..3)
+        .map(|i| base + i32::from(i < rem))
+        .chain([0])
+        .collect()
+}
+
+/// The tensor list, in the order it is written.
+pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
+    let e = sh.n_embd;
+    let (q_dim, kv_dim) = (sh.n_head * sh.head_dim, sh.n_head_kv * sh.head_dim);
+    // Scales keep activations O(1) through the layers (inputs of unit RMS times
+    // weights of variance 1/fan_in), and make logits spread over a few units so
+    // greedy choices are not near-ties.
+    let unit = |fan_in: u64| Init::Uniform(1.0 / (fan_in as f32).sqrt());
+    let branch_scale = 1.0 / (2.0 * sh.n_layer as f32).sqrt();
+    let branch = |fan_in: u64| Init::Uniform(branch_scale / (fan_in as f32).sqrt());
+    let one = Init::Const(1.0);
+    let mut out: Vec<Spec> = Vec::new();
+    let mut add = |name: String, shape: &[u64], kind: Kind, init: Init| {
+        out.push(Spec {
+            name,
+            shape: shape.to_vec(),
+            kind,
+            init,
+        })
+    };
+    use Kind::{Weight, F32};
+    add(
+        "token_embd.weight".into(),
+        &[e, n_vocab],
+        Weight,
+        Init::Uniform(1.0),
+    );
+    let n_blocks = sh.n_layer + u64::from(mtp && sh.gdn.is_some());
+    for i in 0..n_blocks {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let is_mtp = i >= sh.n_layer;
+        if is_mtp {
+            // The MTP block's input: [norm(embedding) ; norm(hidden)] projected back.
+            add(n("nextn.eh_proj.weight"), &[2 * e, e], Weight, unit(2 * e));
+            add(n("nextn.enorm.weight"), &[e], F32, one);
+            add(n("nextn.hnorm.weight"), &[e], F32, one);
+            add(n("nextn.shared_head_norm.weight"), &[e], F32, one);
+        }
+        add(n("attn_norm.weight"), &[e], F32, one);
+        match sh.gdn {
+            Some(g) if !is_mtp && g.is_recurrent(i) => {
+                let (c, v, h) = (g.conv_dim(), g.value_dim(), g.n_v_heads);
+                add(n("attn_qkv.weight"), &[e, c], Weight, unit(e));
+                add(n("attn_gate.weight"), &[e, v], Weight, unit(e));
+                // A few tenths per tap: the conv output stays O(1).
+                add(
+                    n("ssm_conv1d.weight"),
+                    &[g.d_conv, c],
+                    F32,
+                    Init::Uniform(0.3),
+                );
+                add(n("ssm_dt.bias"), &[h], F32, Init::Uniform(0.05));
+                // Decay exp(softplus(alpha + dt) * a): with alpha ~ ±0.5 (below) the
+                // softplus is ~0.5-1, and a in -[0.02, 0.4] keeps it in ~(0.7, 0.99).
+                add(
+                    n("ssm_a"),
+                    &[h],
+                    F32,
+                    Init::NegExp(0.02f32.ln(), 0.4f32.ln()),
+                );
+                add(
+                    n("ssm_alpha.weight"),
+                    &[e, h],
+                    Weight,
+                    Init::Uniform(0.5 / (e as f32).sqrt()),
+                );
+                add(n("ssm_beta.weight"), &[e, h], Weight, unit(e));
+                add(n("ssm_norm.weight"), &[g.d_state], F32, one);
+                add(n("ssm_out.weight"), &[v, e], Weight, branch(v));
+            }
+            _ => {
+                // Qwen3.5 attention: per head [query(hd) ; output gate(hd)].
+                let q_rows = if sh.arch.is_hybrid() {
+                    2 * q_dim
+                } else {
+                    q_dim
+                };
+                add(n("attn_q.weight"), &[e, q_rows], Weight, unit(e));
+                add(n("attn_k.weight"), &[e, kv_dim], Weight, unit(e));
+                add(n("attn_v.weight"), &[e, kv_dim], Weight, unit(e));
+                if sh.arch == SynthArch::Qwen2 {
+                    add(n("attn_q.bias"), &[q_dim], F32, Init::Uniform(0.1));
+                    add(n("attn_k.bias"), &[kv_dim], F32, Init::Uniform(0.1));
+                    add(n("attn_v.bias"), &[kv_dim], F32, Init::Uniform(0.1));
+                }
+                if !matches!(sh.arch, SynthArch::Llama | SynthArch::Qwen2) {
+                    add(n("attn_q_norm.weight"), &[sh.head_dim], F32, one);
+                    add(n("attn_k_norm.weight"), &[sh.head_dim], F32, one);
+                }
+                add(n("attn_output.weight"), &[q_dim, e], Weight, branch(q_dim));
+            }
+        }
+        let ffn_norm = if sh.arch.is_hybrid() {
+            "post_attention_norm.weight"
+        } else {
+            "ffn_norm.weight"
+        };
+        add(n(ffn_norm), &[e], F32, one);
+        match sh.moe {
+            Some(m) => {
+                // Router logits of unit spread: top-k choices change from token to token.
+                add(n("ffn_gate_inp.weight"), &[e, m.n_expert], F32, unit(e));
+                let (f, x) = (m.n_ff_exp, m.n_expert);
+                add(n("ffn_gate_exps.weight"), &[e, f, x], Weight, unit(e));
+                add(n("ffn_up_exps.weight"), &[e, f, x], Weight, unit(e));
+                add(n("ffn_down_exps.weight"), &[f, e, x], Weight, branch(f));
+                if let Some(s) = m.n_ff_shexp {
+                    // HF shared_expert_gate is a Linear(n_embd, 1): ne {n_embd, 1}.
+                    add(n("ffn_gate_inp_shexp.weight"), &[e, 1], F32, unit(e));
+                    add(n("ffn_gate_shexp.weight"), &[e, s], Weight, unit(e));
+                    add(n("ffn_up_shexp.weight"), &[e, s], Weight, unit(e));
+                    add(n("ffn_down_shexp.weight"), &[s, e], Weight, branch(s));
+                }
+            }
+            None => {
+                add(n("ffn_gate.weight"), &[e, sh.n_ff], Weight, unit(e));
+                add(n("ffn_up.weight"), &[e, sh.n_ff], Weight, unit(e));
+                add(n("ffn_down.weight"), &[sh.n_ff, e], Weight, branch(sh.n_ff));
+            }
+        }
+    }
+    add("output_norm.weight".into(), &[e], F32, one);
+    let logit_scale = Init::Uniform(4.0 / (e as f32).sqrt());
+    add(
+        "output.weight".into(),
+        &[e, n_vocab],
+        Kind::Output,
+        logit_scale,
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::shapes::Preset;
+    use super::*;
+
+    fn list(p: Preset, mtp: bool) -> Vec<Spec> {
+        let sh = p.shape(p.arch().expect("qwen3 family preset"));
+        tensors(&sh, mtp, sh.n_vocab)
+    }
+
+    fn get<'a>(l: &'a [Spec], name: &str) -> &'a Spec {
+        l.iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"))
+    }
+
+    #[test]
+    fn qwen3_tensors() {
+        let l = list(Preset::Qwen3_0_6b, false);
+        // embd, output_norm, output + 11 per layer.
+        assert_eq!(l.len(), 3 + 28 * 11);
+        assert_eq!(get(&l, "blk.0.attn_q.weight").shape, [1024, 2048]);
+        assert_eq!(get(&l, "blk.27.attn_k.weight").shape, [1024, 1024]);
+        assert_eq!(get(&l, "blk.0.attn_output.weight").shape, [2048, 1024]);
+        assert_eq!(get(&l, "blk.0.attn_q_norm.weight").shape, [128]);
+        assert_eq!(get(&l, "blk.0.attn_k_norm.weight").kind, Kind::F32);
+        assert_eq!(get(&l, "blk.0.ffn_down.weight").shape, [3072, 1024]);
+        assert_eq!(get(&l, "output.weight").shape, [1024, 151_936]);
+        // --mtp is a Qwen3.5 thing: nothing changes.
+        assert_eq!(list(Preset::Qwen3_0_6b, true), l);
+    }
+
+    #[test]
+    fn qwen3moe_tensors() {
+        let l = list(Preset::Qwen3_30bA3b, false);
+        assert_eq!(l.len(), 3 + 48 * 12);
+        let r = get(&l, "blk.0.ffn_gate_inp.weight");
+        assert_eq!((r.shape.as_slice(), r.kind), (&[2048, 128][..], Kind::F32));
+        assert_eq!(
+            get(&l, "blk.5.ffn_gate_exps.weight").shape,
+            [2048, 768, 128]
+        );
+        assert_eq!(get(&l, "blk.5.ffn_up_exps.weight").shape, [2048, 768, 128]);
+        assert_eq!(
+            get(&l, "blk.47.ffn_down_exps.weight").shape,
+            [768, 2048, 128]
+        );
+        assert_eq!(get(&l, "blk.0.attn_q.weight").shape, [2048, 4096]);
+        assert!(l.iter().all(|s| !s.name.contains("ffn_gate.weight")));
+        assert!(l.iter().all(|s| !s.name.contains("shexp")));
+    }
+
+    #[test]
+    fn qwen35_tensors() {
+        let l = list(Preset::Qwen35_0_8b, false);
+        // 18 DeltaNet layers of 14 tensors, 6 attention layers of 11.
+        assert_eq!(l.len(), 3 + 18 * 14 + 6 * 11);
+        assert_eq!(get(&l, "blk.3.attn_q.weight").shape, [1024, 4096]);
+        assert_eq!(get(&l, "blk.3.attn_k.weight").shape, [1024, 512]);
+        assert_eq!(get(&l, "blk.3.attn_output.weight").shape, [2048, 1024]);
+        assert_eq!(get(&l, "blk.3.attn_q_norm.weight").shape, [256]);
+        assert_eq!(get(&l, "blk.0.attn_qkv.weight").shape, [1024, 6144]);
+        assert_eq!(get(&l, "blk.0.attn_gate.weight").shape, [1024, 2048]);
+        let c = get(&l, "blk.0.ssm_conv1d.weight");
+        assert_eq!((c.shape.as_slice(), c.kind), (&[4, 6144][..], Kind::F32));
+        assert_eq!(get(&l, "blk.0.ssm_a").shape, [16]);
+        assert_eq!(get(&l, "blk.0.ssm_dt.bias").shape, [16]);
+        assert_eq!(get(&l, "blk.0.ssm_alpha.weight").shape, [1024, 16]);
+        assert_eq!(get(&l, "blk.0.ssm_norm.weight").shape, [128]);
+        assert_eq!(get(&l, "blk.0.ssm_out.weight").shape, [2048, 1024]);
+        assert_eq!(get(&l, "blk.23.post_attention_norm.weight").shape, [1024]);
+        assert!(l.iter().all(|s| !s.name.starts_with("blk.3.ssm")));
+        assert!(l.iter().all(|s| !s.name.contains("ffn_norm")));
+
+        // V heads != K heads: 4B.
+        let l = list(Preset::Qwen35_4b, false);
+        assert_eq!(get(&l, "blk.0.attn_qkv.weight").shape, [2560, 8192]);
+        assert_eq!(get(&l, "blk.0.ssm_beta.weight").shape, [2560, 32]);
+
+        let l = list(Preset::Qwen35Tiny, true);
+        assert_eq!(l.len(), 3 + 6 * 14 + 2 * 11 + (11 + 4));
+        assert_eq!(get(&l, "blk.8.nextn.eh_proj.weight").shape, [256, 128]);
+        assert_eq!(get(&l, "blk.8.attn_q.weight").shape, [128, 512]);
+        assert_eq!(get(&l, "blk.8.ffn_up.weight").shape, [128, 384]);
+        assert_eq!(get(&l, "blk.0.ssm_conv1d.weight").shape, [4, 256]);
+    }
+
+    #[test]
+    fn qwen35moe_tensors() {
+        let l = list(Preset::Qwen35_35bA3b, false);
+        // 30 DeltaNet layers of 19 tensors, 10 attention layers of 16.
+        assert_eq!(l.len(), 3 + 30 * 19 + 10 * 16);
+        assert_eq!(get(&l, "blk.0.attn_qkv.weight").shape, [2048, 8192]);
+        assert_eq!(get(&l, "blk.0.attn_gate.weight").shape, [2048, 4096]);
+        assert_eq!(get(&l, "blk.0.ssm_conv1d.weight").shape, [4, 8192]);
+        assert_eq!(get(&l, "blk.0.ssm_alpha.weight").shape, [2048, 32]);
+        assert_eq!(get(&l, "blk.0.ssm_out.weight").shape, [4096, 2048]);
+        assert_eq!(get(&l, "blk.3.attn_q.weight").shape, [2048, 8192]);
+        assert_eq!(get(&l, "blk.3.attn_output.weight").shape, [4096, 2048]);
+        assert_eq!(get(&l, "blk.0.ffn_gate_inp.weight").shape, [2048, 256]);
+        assert_eq!(
+            get(&l, "blk.0.ffn_gate_exps.weight").shape,
+            [2048, 512, 256]
+        );
+        assert_eq!(
+            get(&l, "blk.0.ffn_down_exps.weight").shape,
+            [512, 2048, 256]
+        );
+        assert_eq!(get(&l, "blk.0.ffn_gate_shexp.weight").shape, [2048, 512]);
+        assert_eq!(get(&l, "blk.0.ffn_down_shexp.weight").shape, [512, 2048]);
+        let g = get(&l, "blk.0.ffn_gate_inp_shexp.weight");
+        assert_eq!((g.shape.as_slice(), g.kind), (&[2048, 1][..], Kind::F32));
+
+        let l = list(Preset::Qwen35moeTiny, true);
+        assert_eq!(l.len(), 3 + 6 * 19 + 2 * 16 + (16 + 4));
+        assert_eq!(get(&l, "blk.8.ffn_gate_exps.weight").shape, [128, 64, 8]);
+    }
+
+    #[test]
+    fn hybrid_metadata() {
+        let sh = Preset::Qwen35Tiny.shape(SynthArch::Qwen35);
+        let mut w = GgufWriter::new();
+        metadata(&sh, true, 1000, &mut w);
+        let bytes = w.to_bytes(|_| Vec::new()).expect("serialises");
+        let f = tempo9_gguf::GgufFile::from_bytes(bytes).expect("parses");
+        let m = f.metadata();
+        assert_eq!(m.get_u32("qwen35.block_count").unwrap(), Some(9));
+        assert_eq!(m.get_u32("qwen35.nextn_predict_layers").unwrap(), Some(1));
+        assert_eq!(m.get_u32("qwen35.rope.dimension_count").unwrap(), Some(16));
+        assert_eq!(
+            m.get_i32_array("qwen35.rope.dimension_sections").unwrap(),
+            Some(&[3, 3, 2, 0][..])
+        );
+        let r = m
+            .get_bool_array("qwen35.attention.recurrent_layers")
+            .unwrap();
+        let want = [true, true, true, false, true, true, true, false, false];
+        assert_eq!(r, Some(&want[..]));
+        // The published sections.
+        let sh = Preset::Qwen35_35bA3b.shape(SynthArch::Qwen35moe);
+        assert_eq!(mrope_sections((sh.n_rot / 2) as i32), [11, 11, 10, 0]);
+    }
+}
