@@ -41,6 +41,8 @@ step() { # name command...
 step "build tempo9" cargo build --release -p tempo9
 if [ -x "$CARGO_TARGET_DIR/release/tempo9" ]; then
     echo "CPU kernel set (target-cpu=$cpu): $("$CARGO_TARGET_DIR/release/tempo9" kernels)"
+    # The synthetic models the Qwen3-family fixtures were recorded on (sha256-checked).
+    step "synthetic test models" python3 scripts/synth-models.py "$CARGO_TARGET_DIR/release/tempo9"
 fi
 step "cargo test (workspace)" cargo test --release --workspace --no-fail-fast "$@" -- --skip parity_
 step "cargo test parity" cargo test --release -p tempo9-engine --test parity --no-fail-fast \

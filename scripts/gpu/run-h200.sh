@@ -43,6 +43,14 @@
 #           ids; alone and batched) and its decode speed; with .llama-src carried, also
 #           llama.cpp's own CPU and CUDA generations of the same prompts
 #           (scripts/gpu/llama-greedy.cpp), compared by scripts/gpu/greedy-compare.py
+#   qwen    the Qwen3 family: the four tiny test files (qwen3, qwen3moe, qwen35, qwen35moe;
+#           real vocabularies carried in .gpu-carry/vocab) greedy on CUDA against the CPU
+#           (check-device) and against llama.cpp's own CPU and CUDA runs of the same
+#           prompts (llama-greedy, needs .llama-src)
+#   qwenbig the Qwen3.5-35B-A3B shape (q3_k, MTP block included) and the Qwen3-30B-A3B
+#           shape (q4_k) written with synth-gguf; single-stream pp512 / tg256 and
+#           1/8/32/64 streams on each
+#   qwenbench  llama-bench -p 512 -n 256 -fa 1 on the two published shapes (after `qwenbig`)
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -84,7 +92,7 @@ if has build; then
     fi
 fi
 
-if { has llamabench || has real; } && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has real || has qwen || has qwenbench; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -343,6 +351,76 @@ if has real; then
         2>>"$out/run.log" | tee -a "$out/results.jsonl"
     $T bench --gguf "$real" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 \
         2>>"$out/run.log" | tee -a "$out/results.jsonl"
+fi
+
+if has qwen; then
+    say qwen
+    V="$root/.gpu-carry/vocab"
+    cmp="python3 $root/scripts/gpu/greedy-compare.py"
+    lg=""
+    if [ "${llama_rc:-1}" = 0 ]; then
+        lb=/tmp/llama-build
+        g++ -O2 -std=c++17 -I"$root/.llama-src/include" -I"$root/.llama-src/ggml/include" \
+            "$root/scripts/gpu/llama-greedy.cpp" -L"$lb/bin" -lllama -lggml -lggml-base \
+            -Wl,-rpath,"$lb/bin" -o "$lb/bin/llama-greedy" && lg="$lb/bin/llama-greedy"
+    fi
+    raw="$work/qwen-raw"
+    mkdir -p "$raw"
+    for m in qwen3 qwen3moe qwen35 qwen35moe; do
+        case $m in
+            qwen35*) voc=ggml-vocab-qwen35.gguf; tpl=Qwen3.5-4B.jinja ;;
+            # The qwen35 vocabulary file holds the qwen2 token list (one file to carry).
+            *) voc=ggml-vocab-qwen35.gguf; tpl=Qwen-Qwen3-0.6B.jinja ;;
+        esac
+        f="$work/$m-tiny.gguf"
+        $T synth-gguf --preset $m-tiny --vocab "$V/$voc" --template "$V/templates/$tpl" \
+            --quant q8_0 --seed 1 --out "$f" 2>>"$out/run.log"
+        sha256sum "$f" | tee -a "$out/run.log"
+        for kind in chat random; do
+            flag=$([ $kind = chat ] && echo --chat)
+            $T check-device --gguf "$f" --device cuda --prompts 10 --tokens 64 $flag \
+                --dump "$raw/$m.$kind.tempo9.json" 2>>"$out/run.log" \
+                | sed "s/^{/{\"model\":\"$m-tiny\",/" | tee -a "$out/results.jsonl"
+            [ -n "$lg" ] || continue
+            $cmp prompts "$raw/$m.$kind.tempo9.json" >"$raw/$m.$kind.prompts.txt"
+            CUDA_VISIBLE_DEVICES= $lg "$f" "$raw/$m.$kind.prompts.txt" 64 0 \
+                >"$raw/$m.$kind.llama-cpu.jsonl" 2>>"$work/llama-greedy.log"
+            $lg "$f" "$raw/$m.$kind.prompts.txt" 64 99 \
+                >"$raw/$m.$kind.llama-cuda.jsonl" 2>>"$work/llama-greedy.log"
+            $cmp compare "$raw/$m.$kind.tempo9.json" llama_cpu="$raw/$m.$kind.llama-cpu.jsonl" \
+                llama_cuda="$raw/$m.$kind.llama-cuda.jsonl" \
+                | sed "s/^{/{\"model\":\"$m-tiny\",\"prompts\":\"$kind\",/" | tee -a "$out/qwen-compare.jsonl"
+        done
+    done
+    tar -C "$work" -czf "$out/qwen-raw.tar.gz" qwen-raw
+    [ -n "$lg" ] && grep -m3 -i "CUDA0\|error" "$work/llama-greedy.log"
+fi
+
+if has qwenbig; then
+    say qwenbig
+    $T synth-gguf --preset qwen3.5-35b-a3b --mtp --quant q3_k --unique-mib 4 \
+        --out "$work/qwen35moe-35b-a3b-q3_k.gguf" 2>>"$out/run.log"
+    $T synth-gguf --preset qwen3-30b-a3b --quant q4_k --unique-mib 4 \
+        --out "$work/qwen3moe-30b-a3b-q4_k.gguf" 2>>"$out/run.log"
+    for m in qwen35moe-35b-a3b-q3_k qwen3moe-30b-a3b-q4_k; do
+        ls -la "$work/$m.gguf" | tee -a "$out/run.log"
+        $T bench --gguf "$work/$m.gguf" --device cuda --pp 512 --tg 256 --reps 3 \
+            2>>"$out/run.log" | sed "s/^{/{\"model\":\"$m\",/" | tee -a "$out/results.jsonl"
+        $T bench --gguf "$work/$m.gguf" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 \
+            2>>"$out/run.log" | sed "s/^{/{\"model\":\"$m\",/" | tee -a "$out/results.jsonl"
+    done
+fi
+
+if has qwenbench; then
+    say qwenbench
+    if [ "${llama_rc:-1}" = 0 ]; then
+        for m in qwen35moe-35b-a3b-q3_k qwen3moe-30b-a3b-q4_k; do
+            bash "$root/scripts/gpu/llama-bench.sh" run "$work/$m.gguf" -p 512 -n 256 -fa 1 -r 3 -o jsonl \
+                2>>"$out/run.log" | sed "s/^{/{\"model\":\"$m\",/" | tee -a "$out/llama-bench.jsonl"
+        done
+    else
+        tail -30 "$work/llama-build.log"
+    fi
 fi
 
 if has pack; then

@@ -44,6 +44,22 @@ const LOGPROB_TOL: f32 = 2e-3;
 const LOGPROB_TOL_MATMUL: f32 = 0.2;
 /// See [`LOGPROB_TOL_MATMUL`].
 const TIE_MATMUL: f32 = LOGPROB_TOL_MATMUL;
+/// [`LOGPROB_TOL`] for the hybrid Qwen3.5 files (gated DeltaNet + attention), whose
+/// prompt passes of 64 tokens or more differ from llama.cpp's by up to 0.035 nats
+/// (shorter ones by under 4e-4). llama.cpp b11434 is not consistent with itself
+/// there: the same prompt through its own CPU build moves by up to 0.023 nats with
+/// its physical batch size alone (qwen35-tiny, prompts of 96 and 129 tokens, `-ub`
+/// 32 / 64 / 512), while Tempo9's numbers do not move with its chunk size (64 or
+/// 512). Tokens must still be identical up to near-ties.
+const LOGPROB_TOL_HYBRID: f32 = 0.05;
+
+/// The flash-attention-step tolerance of the fixture directory `dir`.
+fn logprob_tol(dir: &str) -> f32 {
+    match dir.starts_with("qwen35") {
+        true => LOGPROB_TOL_HYBRID,
+        false => LOGPROB_TOL,
+    }
+}
 
 /// Whether generation step `step` of a `prompt`-token prompt ran through matmul
 /// attention: step 0 comes from the prompt's pass; step `s` decodes position
@@ -215,7 +231,8 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
         let out = run_batch(&mut engine, vec![greedy(ids(&c["prompt_ids"]), 8, &eog)]);
         let got = &out[0].tokens;
         let n_prompt = c["prompt_ids"].as_array().map_or(0, Vec::len);
-        // On a matmul step, llama.cpp's logprob of `token` is within TIE_MATMUL of its
+        // On a matmul step (or, for a hybrid model, any step: see LOGPROB_TOL_HYBRID),
+        // llama.cpp's logprob of `token` is within TIE_MATMUL (LOGPROB_TOL_HYBRID) of its
         // best: the two kernels may order such near-ties differently.
         let near_tie = |step: usize, token: u32| -> Option<f64> {
             let top = c["top"][step].as_array()?;
@@ -224,7 +241,12 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
                 .iter()
                 .find(|e| e[0].as_u64() == Some(u64::from(token)))?[1]
                 .as_f64()?;
-            (matmul_step(n_prompt, step) && best - lp < f64::from(TIE_MATMUL)).then_some(best - lp)
+            let tie = match matmul_step(n_prompt, step) {
+                true => TIE_MATMUL,
+                // Beyond LOGPROB_TOL, flash steps may order a near-tie either way too.
+                false => logprob_tol(dir) - LOGPROB_TOL,
+            };
+            (best - lp < f64::from(tie)).then_some(best - lp)
         };
         // Steps compared: all, or those before such a near-tie changed the token (the
         // sequences differ after it).
@@ -289,7 +311,7 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
     );
     assert!(problems.is_empty(), "{dir}: {problems:#?}");
     assert!(
-        worst < LOGPROB_TOL,
+        worst < logprob_tol(dir),
         "{dir}: top-1 logprobs differ by up to {worst}"
     );
     assert!(
@@ -442,7 +464,10 @@ fn check_batched(
     solo: &[Output],
     make: &dyn Fn(&Value, usize) -> Request,
 ) {
-    const TIE: f32 = 0.02;
+    // The synthetic files (random weights) turn rounding into larger logprob moves
+    // than the real models: llama.cpp's own output on qwen35-tiny moves by up to 0.023
+    // nats with its batch size alone (see LOGPROB_TOL_HYBRID).
+    let tie: f32 = if dir.ends_with("-tiny") { 0.05 } else { 0.02 };
     let mut ties = Vec::new();
     for chunk in (0..cases.len()).collect::<Vec<_>>().chunks(4) {
         let reqs: Vec<Request> = chunk.iter().map(|&i| make(&cases[i], 2)).collect();
@@ -460,14 +485,14 @@ fn check_batched(
             for step in 0..=same.min(N_GEN - 1) {
                 let d = (alone.top_logprobs[step][0].1 - batched.top_logprobs[step][0].1).abs();
                 assert!(
-                    d < TIE,
+                    d < tie,
                     "{dir}: case {i} step {step}: batched top-1 logprob differs by {d}"
                 );
             }
             if same < N_GEN {
                 let top = &alone.top_logprobs[same];
                 let margin = top[0].1 - top[1].1;
-                assert!(margin < TIE, "{dir}: case {i} batched with {chunk:?} differs at step {same} (margin {margin})");
+                assert!(margin < tie, "{dir}: case {i} batched with {chunk:?} differs at step {same} (margin {margin})");
                 ties.push((i, same, margin));
             }
         }
@@ -543,3 +568,24 @@ fn parity_teacher_forced_catches_a_perturbed_model() {
         "the teacher-forced check passed a model with a changed weight row"
     );
 }
+
+#[test]
+fn parity_qwen3_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[0].0, SYNTH_MODELS[0].1);
+}
+
+#[test]
+fn parity_qwen3moe_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[1].0, SYNTH_MODELS[1].1);
+}
+
+#[test]
+fn parity_qwen35_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[2].0, SYNTH_MODELS[2].1);
+}
+
+#[test]
+fn parity_qwen35moe_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[3].0, SYNTH_MODELS[3].1);
+}
+

@@ -758,6 +758,15 @@ impl Scheduler {
                     let mut v = vec![0f32; n];
                     sys::ggml_backend_tensor_get(t, v.as_mut_ptr().cast(), 0, n * 4);
                     sum = v.iter().map(|&x| x as f64).sum();
+                    if std::env::var_os("TEMPO9_DUMP_VALUES").is_some() && t.ne[0] >= 6 {
+                        let (d0, d1) = (t.ne[0] as usize, t.ne[1].max(1) as usize);
+                        for row in [0usize, 1, d1 - 1] {
+                            if (row + 1) * d0 <= n {
+                                let r = &v[row * d0..(row + 1) * d0];
+                                eprintln!("  row {row}: {:.4?} .. {:.4?}", &r[..3], &r[d0 - 3..]);
+                            }
+                        }
+                    }
                 }
                 let op = cstr(sys::ggml_op_desc(t));
                 eprintln!("dump {name:>24} {op:>14} {:?} sum = {sum:.6}", t.ne);

@@ -302,8 +302,13 @@ fn check_groups(
                 GroupKind::Recurrent => recurrent,
             };
             if !fits {
+                let what = match (recurrent, hp.is_swa[il]) {
+                    (true, _) => "recurrent",
+                    (false, true) => "sliding-window",
+                    (false, false) => "full-attention",
+                };
                 return bad(format!(
-                    "layer {il} does not keep the kind of cache of group {g} ({:?})",
+                    "{what} layer {il} in cache group {g} of kind {:?}",
                     group.kind
                 ));
             }

@@ -167,33 +167,7 @@ impl<'a> Builder<'a> {
         let double_lone_rows =
             self.invariant && self.cpu && !repacked && tinyblas_on_cpu(self.wt(w).dtype());
         let n_rows = x.ne()[1] as usize;
-        // Row ranges: per sequence on all tokens (a prompt chunk or one decode row),
-        // or (after `select_outputs`) one output row per sequence.
-        let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {
-            self.inp
-                .seqs
-                .iter()
-                .map(|s| (s.row_start, s.n_rows))
-                .collect()
-        } else {
-            (0..n_rows).map(|r| (r, 1)).collect()
-        };
-        let groups: Vec<(usize, usize)> = if repacked {
-            spans
-        } else if !self.cpu || merge_chunks_on_cpu(self.wt(w).dtype()) {
-            vec![(0, n_rows)]
-        } else {
-            // Decode rows together, each prompt chunk on its own.
-            let mut groups: Vec<(usize, usize)> = Vec::new();
-            for (i, &(start, rows)) in spans.iter().enumerate() {
-                let prev_single = i > 0 && spans[i - 1].1 == 1;
-                match groups.last_mut() {
-                    Some(g) if rows == 1 && prev_single => g.1 += 1,
-                    _ => groups.push((start, rows)),
-                }
-            }
-            groups
-        };
+        let groups = self.row_groups(n_rows, repacked, self.wt(w).dtype());
         let nb1 = x.nb()[1];
         let mul = |start: usize, rows: usize| {
             if rows == 1 && double_lone_rows {
@@ -215,6 +189,38 @@ impl<'a> Builder<'a> {
         match b {
             Some(b) => self.ctx.add(y, self.wt(b)),
             None => y,
+        }
+    }
+
+    /// The row groups a matmul of `n_rows` rows by a weight of type `dtype`
+    /// (`repacked` into a CPU layout) runs as, one matmul each (see [`Self::linear`]).
+    pub(crate) fn row_groups(&self, n_rows: usize, repacked: bool, dtype: DType) -> Vec<(usize, usize)> {
+        // Row ranges: per sequence on all tokens (a prompt chunk or one decode row),
+        // or (after `select_outputs`) one output row per sequence.
+        let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {
+            self.inp
+                .seqs
+                .iter()
+                .map(|s| (s.row_start, s.n_rows))
+                .collect()
+        } else {
+            (0..n_rows).map(|r| (r, 1)).collect()
+        };
+        if repacked {
+            spans
+        } else if !self.cpu || merge_chunks_on_cpu(dtype) {
+            vec![(0, n_rows)]
+        } else {
+            // Decode rows together, each prompt chunk on its own.
+            let mut groups: Vec<(usize, usize)> = Vec::new();
+            for (i, &(start, rows)) in spans.iter().enumerate() {
+                let prev_single = i > 0 && spans[i - 1].1 == 1;
+                match groups.last_mut() {
+                    Some(g) if rows == 1 && prev_single => g.1 += 1,
+                    _ => groups.push((start, rows)),
+                }
+            }
+            groups
         }
     }
 

@@ -49,13 +49,40 @@ impl MoeWeights {
 
 impl<'a> Builder<'a> {
     /// The experts' output for `x` (`[n_embd, n_tokens]`), plus the sigmoid-gated
-    /// shared expert when the layer has one.
+    /// shared expert when the layer has one. On the CPU the routed experts run per
+    /// row group as [`Builder::linear`] groups rows (each prompt chunk on its own,
+    /// decode rows together): `mul_mat_id` picks its kernels by how many rows go to
+    /// each expert, so a sequence's numbers then depend on its step's other rows no
+    /// more than a dense layer's do.
     pub fn moe_ffn(&self, l: &MoeWeights, x: Tensor<'a>) -> Tensor<'a> {
+        let ctx = self.ctx;
+        let logits = self.linear(l.router, x, None); // [n_expert, n_t]
+        let n_t = x.ne()[1] as usize;
+        let gate = self.wt(l.gate);
+        let groups = self.row_groups(n_t, self.w.is_repacked(l.gate), gate.dtype());
+        let rows = |t: Tensor<'a>, start: usize, n: usize| match n == n_t {
+            true => t,
+            false => ctx.view(t, &[t.ne()[0], n as i64], &[t.nb()[1]], start * t.nb()[1]),
+        };
+        let parts: Vec<Tensor<'a>> = groups
+            .iter()
+            .map(|&(start, n)| self.routed(l, rows(x, start, n), rows(logits, start, n)))
+            .collect();
+        let out = self.concat_all(parts, 1);
+        let Some([sg, su, sd, sgate]) = l.shared else {
+            return out;
+        };
+        let sh = self.gated_ffn(x, sg, su, sd, false);
+        let gate = ctx.sigmoid(self.linear(sgate, x, None)); // [1, n_t]
+        ctx.add(out, ctx.mul(sh, gate))
+    }
+
+    /// The routed experts' weighted sum for rows `x` with router logits `logits`.
+    fn routed(&self, l: &MoeWeights, x: Tensor<'a>, logits: Tensor<'a>) -> Tensor<'a> {
         let (ctx, hp) = (self.ctx, self.hp);
         let moe = hp.moe.expect("a MoE model has expert shapes");
         let (n_embd, n_t) = (x.ne()[0], x.ne()[1]);
         let (n_exp, k) = (moe.n_expert as i64, moe.n_expert_used as i64);
-        let logits = self.linear(l.router, x, None); // [n_expert, n_t]
         let probs = ctx.soft_max(logits);
         let sel = ctx.argsort_top_k(probs, moe.n_expert_used); // [k, n_t]
         let w = ctx.get_rows(ctx.reshape(probs, &[1, n_exp, n_t]), sel); // [1, k, n_t]
@@ -68,7 +95,7 @@ impl<'a> Builder<'a> {
         let gate = ctx.mul_mat_id(self.wt(l.gate), x3, sel);
         let act = ctx.swiglu_split(gate, up);
         let e = ctx.mul(ctx.mul_mat_id(self.wt(l.down), act, sel), w); // [n_embd, k, n_t]
-                                                                       // Sum over the chosen experts in order, as llama.cpp adds them.
+        // Sum over the chosen experts in order, as llama.cpp adds them.
         let nb = e.nb();
         let expert = |j: i64| ctx.view(e, &[n_embd, n_t], &[nb[2]], j as usize * nb[1]);
         let mut out = expert(0);
@@ -78,11 +105,6 @@ impl<'a> Builder<'a> {
         if k == 1 {
             out = ctx.cont(out);
         }
-        let Some([sg, su, sd, sgate]) = l.shared else {
-            return out;
-        };
-        let sh = self.gated_ffn(x, sg, su, sd, false);
-        let gate = ctx.sigmoid(self.linear(sgate, x, None)); // [1, n_t]
-        ctx.add(out, ctx.mul(sh, gate))
+        out
     }
 }

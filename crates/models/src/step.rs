@@ -229,16 +229,24 @@ impl Model {
         let invariant = shape.invariant;
         // Size the arena to this graph (a fixed worst case would cost a large
         // allocation and page faults on every rebuild).
-        // Per layer: fixed ops plus, per sequence, its own matmul group in each of
-        // the ~7 projections (view, matmul, concat), its attention ops and the K
-        // and V window of the layer's group (a view and a copy per run).
+        // Per layer: fixed ops plus, per sequence, its attention ops and the K and
+        // V window of the layer's group (a view and a copy per run), and on the CPU
+        // its own matmul group in each projection (view, matmul, concat; also the
+        // experts' routing). A recurrent layer has one convolution and delta-rule
+        // op per state op instead of attention.
+        let cpu = self.device.kind() == DeviceKind::Cpu;
+        let matmul_groups = if cpu { 32 * batch.seqs.len() } else { 0 };
         let per_group: Vec<usize> = (0..kv.n_groups())
-            .map(|g| {
-                64 + batch
-                    .seqs
-                    .iter()
-                    .map(|s| 48 + 6 * s.views[g].window.len())
-                    .sum::<usize>()
+            .map(|g| match kv.groups()[g].kind {
+                GroupKind::Recurrent => 96 + 40 * states.len() + matmul_groups,
+                _ => {
+                    64 + matmul_groups
+                        + batch
+                            .seqs
+                            .iter()
+                            .map(|s| 20 + 6 * s.views[g].window.len())
+                            .sum::<usize>()
+                }
             })
             .collect();
         let nodes = 256
@@ -250,7 +258,6 @@ impl Model {
                 "step needs ~{nodes} graph nodes, more than {MAX_NODES}: fewer sequences or pages per step"
             )));
         }
-        let cpu = self.device.kind() == DeviceKind::Cpu;
         let deps = (self.clone(), kv.clone());
         let (graph, ins) = KeptGraph::build(Context::new(nodes * 2, nodes)?, deps, |ctx, deps| {
             let (model, kv) = (&*deps.0, &*deps.1);
