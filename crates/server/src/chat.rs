@@ -11,7 +11,7 @@ use tempo9_engine::{
 };
 
 use crate::error::{ApiError, ErrorKind, Family};
-use crate::tools::{Piece, ToolCall, ToolFormat, ToolParser};
+use crate::tools::{think, Piece, ThinkParser, ToolCall, ToolFormat, ToolParser};
 use crate::AppState;
 
 /// What the client asked about tool use.
@@ -55,12 +55,16 @@ pub enum Prompt {
         tools: Vec<Value>,
         /// Tool-use policy.
         tool_choice: ToolChoice,
+        /// Thinking on/off and other template variables of this request.
+        template: TemplateOptions,
     },
     /// Raw text, tokenized as is (special-token text is parsed).
     Text(String),
     /// Token ids.
     Tokens(Vec<u32>),
 }
+
+pub use tempo9_tokenizer::TemplateOptions;
 
 /// A request ready to submit.
 pub struct Prepared {
@@ -81,6 +85,10 @@ pub struct Prepared {
     /// The tool-call syntax of this response (the model's, or Hermes when the
     /// model has none and a call is forced).
     pub format: ToolFormat,
+    /// `Some(open)`: `<think>` reasoning is split off the output (a chat
+    /// prompt, with a template that reasons in those tags), starting inside
+    /// it when `open` (the prompt ends inside an open `<think>`).
+    pub reasoning: Option<bool>,
 }
 
 /// A rendered, tokenized prompt.
@@ -91,6 +99,7 @@ struct Rendered {
     tools: Vec<Value>,
     format: ToolFormat,
     choice: ToolChoice,
+    reasoning: Option<bool>,
 }
 
 /// The system-prompt text that teaches Hermes-style tool calls to a model whose
@@ -269,7 +278,8 @@ impl AppState {
             tools,
             format,
             choice,
-        } = self.render(family, prompt)?;
+            reasoning,
+        } = self.render(family, prompt, params.grammar.is_some())?;
         if tokens.is_empty() {
             return Err(ApiError::bad(family, "the prompt is empty"));
         }
@@ -349,6 +359,7 @@ impl AppState {
             max_tokens,
             constraint,
             format,
+            reasoning,
         })
     }
 
@@ -360,11 +371,17 @@ impl AppState {
         family: Family,
         prompt: Prompt,
     ) -> Result<(Vec<u32>, Option<String>, bool, Vec<Value>), ApiError> {
-        let r = self.render(family, prompt)?;
+        let r = self.render(family, prompt, false)?;
         Ok((r.tokens, r.forced_prefix, r.parse_calls, r.tools))
     }
 
-    fn render(&self, family: Family, prompt: Prompt) -> Result<Rendered, ApiError> {
+    /// `constrained`: a response-format grammar will constrain the whole output.
+    fn render(
+        &self,
+        family: Family,
+        prompt: Prompt,
+        constrained: bool,
+    ) -> Result<Rendered, ApiError> {
         let tok = self.engine.tokenizer();
         let plain = |tokens| Rendered {
             tokens,
@@ -373,12 +390,14 @@ impl AppState {
             tools: Vec::new(),
             format: self.tool_format,
             choice: ToolChoice::None,
+            reasoning: None,
         };
         Ok(match prompt {
             Prompt::Chat {
                 mut messages,
                 tools,
                 tool_choice,
+                template,
             } => {
                 if messages.is_empty() {
                     return Err(ApiError::bad_param(
@@ -418,13 +437,21 @@ impl AppState {
                 }
                 let mut text = self
                     .template
-                    .render(&messages, show_tools.then_some(&tools[..]), true)
+                    .render_with(&messages, show_tools.then_some(&tools[..]), true, &template)
                     .map_err(|e| ApiError::bad(family, e.to_string()))?;
                 let forced = match (&tool_choice, show_tools) {
                     (ToolChoice::Required, true) => format.forced_prefix(None),
                     (ToolChoice::Named(n), true) => format.forced_prefix(Some(n)),
                     _ => None,
                 };
+                let mut reasoning_open = self.think && think::prompt_opens_reasoning(&text);
+                // A grammar-constrained output (forced call, response format)
+                // cannot think first: close the prompt's open `<think>` like the
+                // template's own thinking-off form does.
+                if reasoning_open && (forced.is_some() || constrained) {
+                    think::close_reasoning(&mut text);
+                    reasoning_open = false;
+                }
                 if let Some(f) = &forced {
                     text.push_str(f);
                 }
@@ -437,6 +464,7 @@ impl AppState {
                     tools,
                     format,
                     choice: tool_choice,
+                    reasoning: self.think.then_some(reasoning_open),
                 }
             }
             Prompt::Text(t) => plain(tok.encode(&t, true, true)),
@@ -480,6 +508,9 @@ impl AppState {
             .submit(req)
             .map_err(|e| submit_error(family, e))?;
         let mut parser = p.format.parser(&p.tools, p.parse_calls);
+        if let Some(open) = p.reasoning {
+            parser = Box::new(ThinkParser::new(parser, open));
+        }
         let mut pending = Vec::new();
         if let Some(prefix) = &p.forced_prefix {
             parser.push(prefix, &mut pending);
@@ -496,6 +527,7 @@ impl AppState {
             done: false,
             want_logprobs: p.params.logprobs,
             format: p.format,
+            think: p.reasoning.is_some(),
         })
     }
 }
@@ -595,6 +627,8 @@ pub struct Generation {
     done: bool,
     want_logprobs: bool,
     format: ToolFormat,
+    /// `<think>` tags are parsed (their tokens' text is needed).
+    think: bool,
 }
 
 impl Generation {
@@ -642,7 +676,11 @@ impl Generation {
                     // Special tokens are detokenized without text; markup tokens
                     // of this model's tool format are needed by the parser.
                     if let Some(piece) = tok.token_text(t.id) {
-                        if self.format.markup_tokens().contains(&piece) && !tok.is_eog(t.id) {
+                        let think_tag =
+                            self.think && (piece == think::OPEN || piece == think::CLOSE);
+                        if (think_tag || self.format.markup_tokens().contains(&piece))
+                            && !tok.is_eog(t.id)
+                        {
                             text = piece.to_string();
                         }
                     }

@@ -218,6 +218,9 @@ pub struct AppState {
     pub template: ChatTemplate,
     /// The model's tool-call syntax.
     pub tool_format: ToolFormat,
+    /// The template teaches `<think>…</think>` reasoning: it is split off
+    /// the output (harmony and Gemma 4 parse their own reasoning channels).
+    pub think: bool,
     /// Model facts.
     pub info: ModelInfo,
     /// Settings.
@@ -237,11 +240,14 @@ impl AppState {
         let template = ChatTemplate::for_model(&gguf, engine.tokenizer())?;
         let info = ModelInfo::from_gguf(&gguf, PathBuf::new());
         let tool_format = ToolFormat::detect(template.source(), &info.arch);
+        let think = crate::tools::think::detect(template.source())
+            && !matches!(tool_format, ToolFormat::Harmony | ToolFormat::Gemma4);
         Ok(AppState {
             slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
             engine,
             template,
             tool_format,
+            think,
             info,
             config,
             metrics: Metrics::new(),

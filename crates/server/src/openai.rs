@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use tempo9_engine::{SamplingParams, Usage};
 
-use crate::chat::{random_id, unix_time, GenEvent, GenParams, Prompt, Stop, ToolChoice};
+use crate::chat::{
+    random_id, unix_time, GenEvent, GenParams, Prompt, Stop, TemplateOptions, ToolChoice,
+};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::{parse_body, sse_data, streaming, AppState};
 
@@ -199,6 +201,55 @@ pub fn chat_tools(v: &Value, family: Family) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
+/// Template options of an OpenAI-style request, by llama-server's rules:
+/// `chat_template_kwargs` go to the template (their `enable_thinking` must be
+/// a boolean and switches thinking); `reasoning_effort: "none"` turns thinking
+/// off and any other effort reaches the template as `reasoning_effort`.
+pub fn template_options(v: &Value, family: Family) -> Result<TemplateOptions, ApiError> {
+    let mut o = TemplateOptions::default();
+    match v.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            o.kwargs = m.clone();
+            match o.kwargs.remove("enable_thinking") {
+                None | Some(Value::Null) => {}
+                Some(Value::Bool(b)) => o.enable_thinking = Some(b),
+                Some(_) => {
+                    return Err(ApiError::bad_param(
+                        family,
+                        "chat_template_kwargs",
+                        "chat_template_kwargs.enable_thinking must be a boolean",
+                    ))
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                family,
+                "chat_template_kwargs",
+                "'chat_template_kwargs' must be an object",
+            ))
+        }
+    }
+    reasoning_effort(&mut o, string(v, "reasoning_effort", family)?);
+    Ok(o)
+}
+
+/// Applies a reasoning effort: `"none"` turns thinking off; other values
+/// reach the template as `reasoning_effort`.
+pub fn reasoning_effort(o: &mut TemplateOptions, effort: Option<&str>) {
+    match effort {
+        Some("none") => {
+            o.enable_thinking = Some(false);
+            o.kwargs.remove("reasoning_effort");
+        }
+        Some(e) if !e.is_empty() => {
+            o.kwargs.insert("reasoning_effort".into(), json!(e));
+        }
+        _ => {}
+    }
+}
+
 /// OpenAI `tool_choice`: `"auto" | "none" | "required" | {"type":"function","function":{"name"}}`.
 pub fn tool_choice(v: &Value, family: Family) -> Result<ToolChoice, ApiError> {
     match v.get("tool_choice") {
@@ -336,6 +387,7 @@ pub async fn chat_completions(
         messages,
         tools,
         tool_choice: choice,
+        template: template_options(&v, F)?,
     };
     let st2 = st.clone();
     let prepared =
@@ -740,5 +792,32 @@ mod tests {
         let j = usage_json(&u);
         assert_eq!(j["total_tokens"], 13);
         assert_eq!(j["prompt_tokens_details"]["cached_tokens"], 4);
+    }
+
+    #[test]
+    fn thinking_from_kwargs_and_effort() {
+        let o = template_options(
+            &json!({"chat_template_kwargs": {"enable_thinking": false, "custom": [1]}}),
+            F,
+        )
+        .unwrap();
+        assert_eq!(o.enable_thinking, Some(false));
+        // Other kwargs reach the template; the switch itself is not duplicated.
+        assert_eq!(Value::Object(o.kwargs), json!({"custom": [1]}));
+        let o = template_options(&json!({"reasoning_effort": "none"}), F).unwrap();
+        assert_eq!(o.enable_thinking, Some(false));
+        let o = template_options(&json!({"reasoning_effort": "high"}), F).unwrap();
+        assert_eq!(o.enable_thinking, None);
+        assert_eq!(o.kwargs["reasoning_effort"], "high");
+        assert_eq!(
+            template_options(&json!({}), F).unwrap(),
+            TemplateOptions::default()
+        );
+        assert!(template_options(
+            &json!({"chat_template_kwargs": {"enable_thinking": "no"}}),
+            F
+        )
+        .is_err());
+        assert!(template_options(&json!({"chat_template_kwargs": [1]}), F).is_err());
     }
 }

@@ -12,6 +12,7 @@ mod harmony;
 mod llama3;
 mod mistral;
 mod qwen;
+pub mod think;
 
 use serde_json::Value;
 
@@ -20,6 +21,7 @@ pub use harmony::HarmonyParser;
 pub use llama3::Llama3Parser;
 pub use mistral::MistralParser;
 pub use qwen::QwenParser;
+pub use think::ThinkParser;
 
 /// How a model family writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
