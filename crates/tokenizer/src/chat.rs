@@ -85,14 +85,20 @@ impl ChatTemplate {
         if src.is_empty() {
             return Ok(None);
         }
+        Self::for_tokenizer(src, tok).map(Some)
+    }
+
+    /// Compiles `source` with `tok`'s BOS/EOS text (a template given in place
+    /// of the model's, like llama-server's `--chat-template-file`).
+    pub fn for_tokenizer(source: &str, tok: &Tokenizer) -> Result<Self, TokenizerError> {
         let piece = |id: Option<u32>| {
             id.map(|i| String::from_utf8_lossy(tok.token_piece(i, true)).into_owned())
                 .unwrap_or_default()
         };
-        let mut t = Self::new(src, &piece(tok.bos()), &piece(tok.eos()))?;
+        let mut t = Self::new(source, &piece(tok.bos()), &piece(tok.eos()))?;
         t.strip_bos = tok.add_bos();
         t.strip_eos = tok.add_eos();
-        Ok(Some(t))
+        Ok(t)
     }
 
     /// Compiles `source`; syntax errors carry the template line.
@@ -142,14 +148,7 @@ impl ChatTemplate {
         if let Some(t) = Self::from_gguf(f, tok)? {
             return Ok(t);
         }
-        let piece = |id: Option<u32>| {
-            id.map(|i| String::from_utf8_lossy(tok.token_piece(i, true)).into_owned())
-                .unwrap_or_default()
-        };
-        let mut t = Self::new(CHATML_SOURCE, &piece(tok.bos()), &piece(tok.eos()))?;
-        t.strip_bos = tok.add_bos();
-        t.strip_eos = tok.add_eos();
-        Ok(t)
+        Self::for_tokenizer(CHATML_SOURCE, tok)
     }
 
     /// The ChatML template llama.cpp falls back to when a model has none.

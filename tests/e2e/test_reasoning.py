@@ -1,0 +1,74 @@
+"""Reasoning through every API family's official client, on a real model whose
+prompt opens `<think>` (Qwen2.5-Coder with the Qwen3.5 template): with thinking
+on, the output starts as reasoning and comes back as reasoning (never as
+content), streamed and whole alike; turned off per request, there is none."""
+
+import anthropic
+import ollama
+import openai
+
+Q = [{"role": "user", "content": "What is 2+2?"}]
+N = 8
+
+
+def no_tags(s):
+    return "<think>" not in (s or "") and "</think>" not in (s or "")
+
+
+def test_openai_chat(qwen_think):
+    c = openai.OpenAI(base_url=qwen_think.base + "/v1", api_key="x", max_retries=0)
+    kw = dict(model=qwen_think.name, messages=Q, max_tokens=N, temperature=0)
+    m = c.chat.completions.create(**kw).choices[0].message
+    reasoning = m.model_extra["reasoning_content"]
+    assert reasoning and not m.content and no_tags(reasoning)
+    streamed, content = "", ""
+    for ch in c.chat.completions.create(stream=True, **kw):
+        d = ch.choices[0].delta if ch.choices else None
+        if d is not None:
+            streamed += (d.model_extra or {}).get("reasoning_content") or ""
+            content += d.content or ""
+    assert streamed == reasoning and content == ""
+    for off in ({"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+                {"reasoning_effort": "none"}):
+        m = c.chat.completions.create(**kw, **off).choices[0].message
+        assert m.content and "reasoning_content" not in (m.model_extra or {}), off
+
+
+def test_openai_responses(qwen_think):
+    c = openai.OpenAI(base_url=qwen_think.base + "/v1", api_key="x", max_retries=0)
+    kw = dict(model=qwen_think.name, input="What is 2+2?", max_output_tokens=N, temperature=0)
+    r = c.responses.create(**kw)
+    assert [o.type for o in r.output] == ["reasoning"]
+    text = r.output[0].content[0].text
+    assert text and no_tags(text)
+    deltas = [e.delta for e in c.responses.create(stream=True, **kw)
+              if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == text
+    r = c.responses.create(reasoning={"effort": "none"}, **kw)
+    assert [o.type for o in r.output] == ["message"]
+
+
+def test_anthropic(qwen_think):
+    c = anthropic.Anthropic(base_url=qwen_think.base, api_key="x", max_retries=0)
+    kw = dict(model=qwen_think.name, messages=Q, max_tokens=N, extra_body={"temperature": 0})
+    m = c.messages.create(**kw)
+    assert [b.type for b in m.content] == ["thinking"]
+    assert m.content[0].thinking and no_tags(m.content[0].thinking)
+    with c.messages.stream(**kw) as s:
+        deltas = [e.delta.thinking for e in s
+                  if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
+    assert "".join(deltas) == m.content[0].thinking
+    m = c.messages.create(thinking={"type": "disabled"}, **kw)
+    assert [b.type for b in m.content] == ["text"]
+
+
+def test_ollama(qwen_think):
+    c = ollama.Client(host=qwen_think.base)
+    opts = {"temperature": 0, "num_predict": N}
+    r = c.chat(model=qwen_think.name, messages=Q, options=opts)
+    assert r.message.thinking and not r.message.content and no_tags(r.message.thinking)
+    streamed = "".join(p.message.thinking or "" for p in
+                       c.chat(model=qwen_think.name, messages=Q, options=opts, stream=True))
+    assert streamed == r.message.thinking
+    r = c.chat(model=qwen_think.name, messages=Q, options=opts, think=False)
+    assert r.message.content and not r.message.thinking
