@@ -18,9 +18,11 @@ def no_tags(s):
 def test_openai_chat(qwen_think):
     c = openai.OpenAI(base_url=qwen_think.base + "/v1", api_key="x", max_retries=0)
     kw = dict(model=qwen_think.name, messages=Q, max_tokens=N, temperature=0)
-    m = c.chat.completions.create(**kw).choices[0].message
+    r = c.chat.completions.create(**kw)
+    m = r.choices[0].message
     reasoning = m.model_extra["reasoning_content"]
     assert reasoning and not m.content and no_tags(reasoning)
+    assert r.usage.completion_tokens_details.reasoning_tokens == r.usage.completion_tokens == N
     streamed, content = "", ""
     for ch in c.chat.completions.create(stream=True, **kw):
         d = ch.choices[0].delta if ch.choices else None
@@ -39,6 +41,7 @@ def test_openai_responses(qwen_think):
     kw = dict(model=qwen_think.name, input="What is 2+2?", max_output_tokens=N, temperature=0)
     r = c.responses.create(**kw)
     assert [o.type for o in r.output] == ["reasoning"]
+    assert r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens == N
     text = r.output[0].content[0].text
     assert text and no_tags(text)
     deltas = [e.delta for e in c.responses.create(stream=True, **kw)

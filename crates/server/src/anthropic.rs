@@ -448,7 +448,7 @@ pub async fn messages(
                         blocks.call(&call, &mut events_out);
                     }
                     GenEvent::Logprobs(_) => {}
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done { stop, usage, .. } => {
                         blocks.close(&mut events_out);
                         if let Stop::Error(msg) = &stop {
                             events_out.push((

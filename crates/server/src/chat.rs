@@ -526,6 +526,7 @@ impl AppState {
             calls: 0,
             done: false,
             want_logprobs: p.params.logprobs,
+            reasoning_tokens: 0,
             format: p.format,
             think: p.reasoning.is_some(),
         })
@@ -611,6 +612,8 @@ pub enum GenEvent {
         stop: Stop,
         /// Token counts.
         usage: Usage,
+        /// Generated tokens that were reasoning.
+        reasoning_tokens: usize,
     },
 }
 
@@ -626,6 +629,8 @@ pub struct Generation {
     calls: usize,
     done: bool,
     want_logprobs: bool,
+    /// Tokens generated inside reasoning so far.
+    reasoning_tokens: usize,
     format: ToolFormat,
     /// `<think>` tags are parsed (their tokens' text is needed).
     think: bool,
@@ -684,6 +689,9 @@ impl Generation {
                             text = piece.to_string();
                         }
                     }
+                }
+                if self.parser.in_reasoning() {
+                    self.reasoning_tokens += 1;
                 }
                 let mut pieces = Vec::new();
                 self.parser.push(&text, &mut pieces);
@@ -751,6 +759,7 @@ impl Generation {
                 out.push(GenEvent::Done {
                     stop,
                     usage: f.usage,
+                    reasoning_tokens: self.reasoning_tokens,
                 });
             }
             None => {
@@ -761,6 +770,7 @@ impl Generation {
                         prompt_tokens: self.prompt_tokens,
                         ..Usage::default()
                     },
+                    reasoning_tokens: self.reasoning_tokens,
                 });
             }
         }
@@ -777,9 +787,14 @@ impl Generation {
                     GenEvent::Reasoning(t) => c.reasoning.push_str(&t),
                     GenEvent::ToolCall { call, .. } => c.calls.push(call),
                     GenEvent::Logprobs(l) => c.logprobs.extend(l),
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done {
+                        stop,
+                        usage,
+                        reasoning_tokens,
+                    } => {
                         c.stop = stop;
                         c.usage = usage;
+                        c.reasoning_tokens = reasoning_tokens;
                     }
                 }
             }
@@ -803,6 +818,8 @@ pub struct Collected {
     pub stop: Stop,
     /// Token counts.
     pub usage: Usage,
+    /// Generated tokens that were reasoning.
+    pub reasoning_tokens: usize,
 }
 
 impl Default for Collected {
@@ -814,6 +831,7 @@ impl Default for Collected {
             logprobs: Vec::new(),
             stop: Stop::EndTurn,
             usage: Usage::default(),
+            reasoning_tokens: 0,
         }
     }
 }

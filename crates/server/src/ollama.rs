@@ -257,7 +257,7 @@ async fn run(
                         piece("", "", vec![ollama_call(&call, index)])
                     }
                     GenEvent::Logprobs(_) => continue,
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done { stop, usage, .. } => {
                         if let Stop::Error(msg) = &stop {
                             let _ = tx.send(line(&json!({"error": msg}))).await;
                             return;

@@ -310,14 +310,14 @@ fn check_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
     Ok(msgs.clone())
 }
 
-/// OpenAI usage object.
-pub fn usage_json(u: &Usage) -> Value {
+/// OpenAI usage object; `reasoning_tokens` of the completion were reasoning.
+pub fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     })
 }
 
@@ -426,7 +426,7 @@ pub async fn chat_completions(
             "system_fingerprint": "tempo9",
             "choices": [{"index": 0, "message": msg, "logprobs": lp,
                          "finish_reason": finish_reason(&c.stop)}],
-            "usage": usage_json(&c.usage),
+            "usage": usage_json(&c.usage, c.reasoning_tokens),
         }))
         .into_response());
     }
@@ -482,7 +482,11 @@ pub async fn chat_completions(
                             json!({"content": l.iter().map(|x| x.to_openai()).collect::<Vec<_>>()}),
                         )),
                     ),
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done {
+                        stop,
+                        usage,
+                        reasoning_tokens,
+                    } => {
                         if let Stop::Error(msg) = &stop {
                             let err = ApiError::new(F, ErrorKind::Internal, msg.clone()).body();
                             let _ = tx.send(sse_data(&err)).await;
@@ -498,7 +502,7 @@ pub async fn chat_completions(
                         if include_usage {
                             let u = json!({"id": id, "object": "chat.completion.chunk", "created": created,
                                 "model": model, "system_fingerprint": "tempo9", "choices": [],
-                                "usage": usage_json(&usage)});
+                                "usage": usage_json(&usage, reasoning_tokens)});
                             let _ = tx.send(sse_data(&u)).await;
                         }
                         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
@@ -623,7 +627,7 @@ pub async fn completions(
             "system_fingerprint": "tempo9",
             "choices": [{"index": 0, "text": format!("{echo_text}{}", c.text), "logprobs": lp,
                          "finish_reason": finish_reason(&c.stop)}],
-            "usage": usage_json(&c.usage),
+            "usage": usage_json(&c.usage, 0),
         }))
         .into_response());
     }
@@ -647,7 +651,7 @@ pub async fn completions(
                 let c = match e {
                     GenEvent::Text(t) => chunk(&t, Value::Null, Value::Null),
                     GenEvent::Logprobs(l) => chunk("", Value::Null, legacy_lp(&l)),
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done { stop, usage, .. } => {
                         if let Stop::Error(msg) = &stop {
                             let _ = tx
                                 .send(sse_data(
@@ -665,7 +669,7 @@ pub async fn completions(
                         }
                         if include_usage {
                             let u = json!({"id": id, "object": "text_completion", "created": created,
-                                "model": model, "choices": [], "usage": usage_json(&usage)});
+                                "model": model, "choices": [], "usage": usage_json(&usage, 0)});
                             let _ = tx.send(sse_data(&u)).await;
                         }
                         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
@@ -789,9 +793,10 @@ mod tests {
             completion_tokens: 3,
             preemptions: 0,
         };
-        let j = usage_json(&u);
+        let j = usage_json(&u, 2);
         assert_eq!(j["total_tokens"], 13);
         assert_eq!(j["prompt_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(j["completion_tokens_details"]["reasoning_tokens"], 2);
     }
 
     #[test]

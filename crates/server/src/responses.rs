@@ -193,11 +193,11 @@ fn tool_choice(v: &Value) -> Result<ToolChoice, ApiError> {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
+fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
     json!({"input_tokens": u.prompt_tokens,
            "input_tokens_details": {"cached_tokens": u.cached_tokens},
            "output_tokens": u.completion_tokens,
-           "output_tokens_details": {"reasoning_tokens": 0},
+           "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
            "total_tokens": u.prompt_tokens + u.completion_tokens})
 }
 
@@ -239,9 +239,15 @@ fn skeleton(v: &Value, id: &str, model: &str, created: u64) -> Value {
     })
 }
 
-fn finish(resp: &mut Value, stop: &Stop, usage: &Usage, output: Vec<Value>) {
+fn finish(
+    resp: &mut Value,
+    stop: &Stop,
+    usage: &Usage,
+    reasoning_tokens: usize,
+    output: Vec<Value>,
+) {
     resp["output"] = Value::Array(output);
-    resp["usage"] = usage_json(usage);
+    resp["usage"] = usage_json(usage, reasoning_tokens);
     if *stop == Stop::Length {
         resp["status"] = json!("incomplete");
         resp["incomplete_details"] = json!({"reason": "max_output_tokens"});
@@ -343,7 +349,7 @@ pub async fn create(
                 "completed",
             ));
         }
-        finish(&mut resp, &c.stop, &c.usage, output);
+        finish(&mut resp, &c.stop, &c.usage, c.reasoning_tokens, output);
         return Ok(axum::Json(resp).into_response());
     }
     Ok(streaming("text/event-stream", move |tx| async move {
@@ -496,7 +502,11 @@ pub async fn create(
                         output.push(item);
                     }
                     GenEvent::Logprobs(_) => {}
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done {
+                        stop,
+                        usage,
+                        reasoning_tokens,
+                    } => {
                         close_thinking(&mut thinking, &mut output, &mut out, &mut ev);
                         close_msg(&mut msg, &mut output, &mut out, &mut ev);
                         if let Stop::Error(m) = &stop {
@@ -504,7 +514,13 @@ pub async fn create(
                             resp["error"] = json!({"code": "server_error", "message": m});
                             out.push(ev("response.failed", json!({"response": resp.clone()})));
                         } else {
-                            finish(&mut resp, &stop, &usage, std::mem::take(&mut output));
+                            finish(
+                                &mut resp,
+                                &stop,
+                                &usage,
+                                reasoning_tokens,
+                                std::mem::take(&mut output),
+                            );
                             let ty = if stop == Stop::Length {
                                 "response.incomplete"
                             } else {

@@ -169,6 +169,11 @@ pub trait ToolParser: Send {
     /// End of output: flushes held text; unfinished markup that still parses
     /// becomes a call, otherwise it comes back as text.
     fn finish(&mut self, out: &mut Vec<Piece>);
+    /// Whether the output is inside reasoning now (the next delta's tokens
+    /// count as reasoning tokens).
+    fn in_reasoning(&self) -> bool {
+        false
+    }
 }
 
 /// Passes text through unchanged.

@@ -179,6 +179,10 @@ impl ToolParser for ThinkParser {
         }
         self.inner.finish(out);
     }
+
+    fn in_reasoning(&self) -> bool {
+        self.state == State::Reasoning
+    }
 }
 
 #[cfg(test)]
@@ -250,10 +254,14 @@ mod tests {
         let mut out = Vec::new();
         p.push("<thi", &mut out);
         assert!(out.is_empty(), "partial <think> leaked: {out:?}");
+        assert!(!p.in_reasoning());
         p.push("nk>\nabc \n</th", &mut out);
         assert_eq!(out, vec![reasoning("abc")], "partial </think> leaked");
+        // The token that completes `</think>` is still a reasoning token.
+        assert!(p.in_reasoning());
         p.push("ink>\n\n", &mut out);
         assert_eq!(out, vec![reasoning("abc")]);
+        assert!(!p.in_reasoning());
         p.push("Answer", &mut out);
         p.finish(&mut out);
         assert_eq!(out, vec![reasoning("abc"), text("Answer")]);
