@@ -75,3 +75,19 @@ def test_ollama(qwen_think):
     assert streamed == r.message.thinking
     r = c.chat(model=qwen_think.name, messages=Q, options=opts, think=False)
     assert r.message.content and not r.message.thinking
+
+
+def test_response_format_closes_open_thinking(qwen_think):
+    """A constrained answer cannot think first: the open `<think>` is closed in
+    the prompt, and the JSON comes back as content."""
+    import json
+
+    c = openai.OpenAI(base_url=qwen_think.base + "/v1", api_key="x", max_retries=0)
+    r = c.chat.completions.create(
+        model=qwen_think.name, max_tokens=30, temperature=0,
+        messages=[{"role": "user", "content": "Give me a JSON object with a field answer = 4"}],
+        response_format={"type": "json_object"})
+    m = r.choices[0].message
+    assert isinstance(json.loads(m.content), dict)
+    assert "reasoning_content" not in (m.model_extra or {})
+    assert r.usage.completion_tokens_details.reasoning_tokens == 0
