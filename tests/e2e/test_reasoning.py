@@ -67,6 +67,7 @@ def test_anthropic(qwen_think):
 
 def test_ollama(qwen_think):
     c = ollama.Client(host=qwen_think.base)
+    assert "thinking" in c.show(qwen_think.name).capabilities
     opts = {"temperature": 0, "num_predict": N}
     r = c.chat(model=qwen_think.name, messages=Q, options=opts)
     assert r.message.thinking and not r.message.content and no_tags(r.message.thinking)

@@ -444,6 +444,14 @@ pub async fn show(
         if st.tool_format != crate::tools::ToolFormat::None {
             caps.push("tools");
         }
+        // Ollama's clients send `think` only to models that list it.
+        let channels = matches!(
+            st.tool_format,
+            crate::tools::ToolFormat::Harmony | crate::tools::ToolFormat::Gemma4
+        );
+        if st.think || channels {
+            caps.push("thinking");
+        }
         let mut info = st.info.metadata.clone();
         info.insert(
             format!("{}.context_length", st.info.arch),
