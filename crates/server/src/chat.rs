@@ -85,10 +85,10 @@ pub struct Prepared {
     /// The tool-call syntax of this response (the model's, or Hermes when the
     /// model has none and a call is forced).
     pub format: ToolFormat,
-    /// `Some(open)`: `<think>` reasoning is split off the output (a chat
-    /// prompt, with a template that reasons in those tags), starting inside
-    /// it when `open` (the prompt ends inside an open `<think>`).
-    pub reasoning: Option<bool>,
+    /// `Some(end)`: `<think>` reasoning is split off the output (a chat
+    /// prompt, with a template that reasons in those tags), which follows a
+    /// prompt ending `end` (inside reasoning or not).
+    pub reasoning: Option<think::PromptEnd>,
 }
 
 /// A rendered, tokenized prompt.
@@ -99,7 +99,7 @@ struct Rendered {
     tools: Vec<Value>,
     format: ToolFormat,
     choice: ToolChoice,
-    reasoning: Option<bool>,
+    reasoning: Option<think::PromptEnd>,
 }
 
 /// The system-prompt text that teaches Hermes-style tool calls to a model whose
@@ -444,13 +444,16 @@ impl AppState {
                     (ToolChoice::Named(n), true) => format.forced_prefix(Some(n)),
                     _ => None,
                 };
-                let mut reasoning_open = self.think && think::prompt_opens_reasoning(&text);
+                let mut end = think::prompt_end(&text);
                 // A grammar-constrained output (forced call, response format)
                 // cannot think first: close the prompt's open `<think>` like the
                 // template's own thinking-off form does.
-                if reasoning_open && (forced.is_some() || constrained) {
+                if self.think
+                    && end != think::PromptEnd::Outside
+                    && (forced.is_some() || constrained)
+                {
                     think::close_reasoning(&mut text);
-                    reasoning_open = false;
+                    end = think::PromptEnd::Outside;
                 }
                 if let Some(f) = &forced {
                     text.push_str(f);
@@ -464,7 +467,7 @@ impl AppState {
                     tools,
                     format,
                     choice: tool_choice,
-                    reasoning: self.think.then_some(reasoning_open),
+                    reasoning: self.think.then_some(end),
                 }
             }
             Prompt::Text(t) => plain(tok.encode(&t, true, true)),
@@ -508,8 +511,8 @@ impl AppState {
             .submit(req)
             .map_err(|e| submit_error(family, e))?;
         let mut parser = p.format.parser(&p.tools, p.parse_calls);
-        if let Some(open) = p.reasoning {
-            parser = Box::new(ThinkParser::new(parser, open));
+        if let Some(end) = p.reasoning {
+            parser = Box::new(ThinkParser::new(parser, end));
         }
         let mut pending = Vec::new();
         if let Some(prefix) = &p.forced_prefix {

@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
-use tempo9_server::tools::{think, Piece, ThinkParser, ToolCall, ToolFormat, ToolParser};
+use tempo9_server::tools::think::{self, PromptEnd};
+use tempo9_server::tools::{Piece, ThinkParser, ToolCall, ToolFormat, ToolParser};
 use tempo9_tokenizer::{ChatTemplate, TemplateOptions};
 
 fn template(file: &str) -> Option<ChatTemplate> {
@@ -49,7 +50,7 @@ fn tools() -> Vec<Value> {
 fn parse(t: &ChatTemplate, prompt: &str, reply: &str) -> Vec<Piece> {
     let format = ToolFormat::detect(t.source(), "qwen3");
     let inner = format.parser(&tools(), true);
-    let mut p = ThinkParser::new(inner, think::prompt_opens_reasoning(prompt));
+    let mut p = ThinkParser::new(inner, think::prompt_end(prompt));
     let mut out = Vec::new();
     // Token-sized deltas, so tags arrive split.
     let chars: Vec<char> = reply.chars().collect();
@@ -87,10 +88,10 @@ fn qwen35_generation_prompt_opens_reasoning_when_thinking() {
     );
     let on = prompt(&t, None);
     assert!(on.ends_with("<think>\n"), "{on:?}");
-    assert!(think::prompt_opens_reasoning(&on));
+    assert_eq!(think::prompt_end(&on), PromptEnd::Opened);
     assert_eq!(prompt(&t, Some(true)), on);
     let off = prompt(&t, Some(false));
-    assert!(!think::prompt_opens_reasoning(&off));
+    assert_eq!(think::prompt_end(&off), PromptEnd::Outside);
     // Closing the open block (forced calls, response formats) gives exactly
     // the template's own thinking-off prompt.
     let mut closed = on.clone();
@@ -104,6 +105,21 @@ fn qwen35_generation_prompt_opens_reasoning_when_thinking() {
         vec![
             Piece::Reasoning("The user wants Oslo's weather.".into()),
             oslo()
+        ]
+    );
+    // A prefilled turn with reasoning only is continued inside it.
+    let prefill = [
+        json!({"role": "user", "content": "Weather in Oslo?"}),
+        json!({"role": "assistant", "content": "", "reasoning_content": "Let me"}),
+    ];
+    let cont = t.render(&prefill, None, true).expect("render");
+    assert!(cont.ends_with("<think>\nLet me"), "{cont:?}");
+    assert_eq!(think::prompt_end(&cont), PromptEnd::Continued);
+    assert_eq!(
+        parse(&t, &cont, " think.\n</think>\n\nSunny."),
+        vec![
+            Piece::Reasoning(" think.".into()),
+            Piece::Text("Sunny.".into())
         ]
     );
     // Thinking off: the answer is all content.
@@ -122,10 +138,10 @@ fn qwen3_model_opens_its_own_reasoning() {
     assert_eq!(ToolFormat::detect(t.source(), "qwen3"), ToolFormat::Hermes);
     let on = prompt(&t, None);
     assert!(on.ends_with("<|im_start|>assistant\n"), "{on:?}");
-    assert!(!think::prompt_opens_reasoning(&on));
+    assert_eq!(think::prompt_end(&on), PromptEnd::Outside);
     let off = prompt(&t, Some(false));
     assert!(off.ends_with("<think>\n\n</think>\n\n"), "{off:?}");
-    assert!(!think::prompt_opens_reasoning(&off));
+    assert_eq!(think::prompt_end(&off), PromptEnd::Outside);
 
     let reply = "<think>\nMaybe <tool_call> now?\n</think>\n\n<tool_call>\n\
                  {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";

@@ -20,21 +20,40 @@ pub fn detect(template: &str) -> bool {
     template.contains(OPEN) && template.contains(CLOSE)
 }
 
-/// Whether generation continues inside an open `<think>` that `prompt` ends
-/// with: the text after its last `<think>` holds no `</think>` and no turn
-/// markup (Qwen3.5's generation prompt ends with `<think>\n` when thinking is
-/// on; a `<think>` quoted in an earlier message is followed by turn markup).
-pub fn prompt_opens_reasoning(prompt: &str) -> bool {
+/// Where a prompt leaves the output with respect to reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptEnd {
+    /// Outside reasoning: the output may open `<think>` itself (Qwen3).
+    Outside,
+    /// Right after an open `<think>` (Qwen3.5's generation prompt with
+    /// thinking on): the output starts as reasoning.
+    Opened,
+    /// Inside reasoning the prompt already began (a prefilled assistant
+    /// turn's reasoning): the output continues it as is.
+    Continued,
+}
+
+/// Where `prompt` leaves the output: inside an open `<think>` when the text
+/// after its last `<think>` holds no `</think>` and no turn markup (a
+/// `<think>` quoted in an earlier message is followed by turn markup).
+pub fn prompt_end(prompt: &str) -> PromptEnd {
     const TURN_MARKUP: [&str; 4] = [
         "<|im_start|>",
         "<|im_end|>",
         "<｜User｜>",
         "<｜Assistant｜>",
     ];
-    prompt.rfind(OPEN).is_some_and(|i| {
-        let tail = &prompt[i + OPEN.len()..];
-        !tail.contains(CLOSE) && !TURN_MARKUP.iter().any(|m| tail.contains(m))
-    })
+    let Some(i) = prompt.rfind(OPEN) else {
+        return PromptEnd::Outside;
+    };
+    let tail = &prompt[i + OPEN.len()..];
+    if tail.contains(CLOSE) || TURN_MARKUP.iter().any(|m| tail.contains(m)) {
+        PromptEnd::Outside
+    } else if tail.trim().is_empty() {
+        PromptEnd::Opened
+    } else {
+        PromptEnd::Continued
+    }
 }
 
 /// Closes the open `<think>` a prompt ends with, the way Qwen3 templates
@@ -70,14 +89,18 @@ pub struct ThinkParser {
 }
 
 impl ThinkParser {
-    /// Wraps `inner`; `open` when the prompt already opened `<think>`
-    /// ([`prompt_opens_reasoning`]): the output then starts as reasoning.
-    pub fn new(inner: Box<dyn ToolParser>, open: bool) -> Self {
+    /// Wraps `inner`, for output that follows a prompt ending at `end`
+    /// ([`prompt_end`]).
+    pub fn new(inner: Box<dyn ToolParser>, end: PromptEnd) -> Self {
         ThinkParser {
             inner,
-            state: if open { State::Reasoning } else { State::Start },
+            state: match end {
+                PromptEnd::Outside => State::Start,
+                PromptEnd::Opened | PromptEnd::Continued => State::Reasoning,
+            },
             buf: String::new(),
-            reasoned: false,
+            // Continued reasoning keeps its whitespace from the first token.
+            reasoned: end == PromptEnd::Continued,
         }
     }
 
@@ -192,8 +215,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn plain(open: bool) -> impl Fn() -> Box<dyn ToolParser> {
-        move || Box::new(ThinkParser::new(Box::new(PlainParser), open))
+    fn plain(end: PromptEnd) -> impl Fn() -> Box<dyn ToolParser> {
+        move || Box::new(ThinkParser::new(Box::new(PlainParser), end))
     }
 
     fn reasoning(t: &str) -> Piece {
@@ -204,7 +227,7 @@ mod tests {
     fn splits_reasoning_from_the_answer() {
         assert_eq!(
             parse_all_splits(
-                &plain(false),
+                &plain(PromptEnd::Outside),
                 "<think>\nThe user greets me.\n\nBe brief.\n</think>\n\nHello!"
             ),
             vec![
@@ -214,17 +237,17 @@ mod tests {
         );
         // No `<think>`: all answer, leading whitespace kept.
         assert_eq!(
-            parse_all_splits(&plain(false), "\nHi <think>there</think>"),
+            parse_all_splits(&plain(PromptEnd::Outside), "\nHi <think>there</think>"),
             vec![text("\nHi <think>there</think>")]
         );
         // Empty reasoning block.
         assert_eq!(
-            parse_all_splits(&plain(false), "<think>\n\n</think>\n\nOK"),
+            parse_all_splits(&plain(PromptEnd::Outside), "<think>\n\n</think>\n\nOK"),
             vec![text("OK")]
         );
         // A lone partial tag at the end is answer text.
         assert_eq!(
-            parse_all_splits(&plain(false), " <thi"),
+            parse_all_splits(&plain(PromptEnd::Outside), " <thi"),
             vec![text(" <thi")]
         );
     }
@@ -233,24 +256,29 @@ mod tests {
     fn prompt_opened_reasoning() {
         // Qwen3.5: the prompt ends with `<think>\n`.
         assert_eq!(
-            parse_all_splits(&plain(true), "Think a bit.\n</think>\n\nDone."),
+            parse_all_splits(&plain(PromptEnd::Opened), "Think a bit.\n</think>\n\nDone."),
             vec![reasoning("Think a bit."), text("Done.")]
         );
         // A repeated `<think>` is dropped.
         assert_eq!(
-            parse_all_splits(&plain(true), "\n<think>\nHm.</think>Done."),
+            parse_all_splits(&plain(PromptEnd::Opened), "\n<think>\nHm.</think>Done."),
             vec![reasoning("Hm."), text("Done.")]
+        );
+        // Continuing a prefilled reasoning keeps the first token's space.
+        assert_eq!(
+            parse_all_splits(&plain(PromptEnd::Continued), " more.</think>OK"),
+            vec![reasoning(" more."), text("OK")]
         );
         // Cut off while thinking (length limit): reasoning only, no answer.
         assert_eq!(
-            parse_all_splits(&plain(true), "Step 1, step 2 </thi"),
+            parse_all_splits(&plain(PromptEnd::Opened), "Step 1, step 2 </thi"),
             vec![reasoning("Step 1, step 2 </thi")]
         );
     }
 
     #[test]
     fn split_tags_are_held_back_while_streaming() {
-        let mut p = ThinkParser::new(Box::new(PlainParser), false);
+        let mut p = ThinkParser::new(Box::new(PlainParser), PromptEnd::Outside);
         let mut out = Vec::new();
         p.push("<thi", &mut out);
         assert!(out.is_empty(), "partial <think> leaked: {out:?}");
@@ -273,7 +301,10 @@ mod tests {
             "name": "get_weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})];
         let make = || -> Box<dyn ToolParser> {
-            Box::new(ThinkParser::new(Box::new(QwenParser::new(&tools)), false))
+            Box::new(ThinkParser::new(
+                Box::new(QwenParser::new(&tools)),
+                PromptEnd::Outside,
+            ))
         };
         // A call written while thinking is reasoning; the one after `</think>` parses.
         let out = parse_all_splits(
@@ -290,7 +321,10 @@ mod tests {
         );
         // Qwen3.5 XML calls after prompt-opened reasoning.
         let make = || -> Box<dyn ToolParser> {
-            Box::new(ThinkParser::new(Box::new(QwenParser::new(&tools)), true))
+            Box::new(ThinkParser::new(
+                Box::new(QwenParser::new(&tools)),
+                PromptEnd::Opened,
+            ))
         };
         let out = parse_all_splits(
             &make,
@@ -308,17 +342,21 @@ mod tests {
 
     #[test]
     fn prompt_ends_inside_think() {
-        assert!(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
-        assert!(prompt_opens_reasoning(
-            "<|im_start|>assistant\n<think>\nprefilled reasoning"
-        ));
-        assert!(!prompt_opens_reasoning(
-            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-        ));
-        assert!(!prompt_opens_reasoning(
-            "<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n"
-        ));
-        assert!(!prompt_opens_reasoning("<|im_start|>assistant\n"));
+        use PromptEnd::*;
+        assert_eq!(prompt_end("<|im_start|>assistant\n<think>\n"), Opened);
+        assert_eq!(
+            prompt_end("<|im_start|>assistant\n<think>\nprefilled reasoning"),
+            Continued
+        );
+        assert_eq!(
+            prompt_end("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            Outside
+        );
+        assert_eq!(
+            prompt_end("<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n"),
+            Outside
+        );
+        assert_eq!(prompt_end("<|im_start|>assistant\n"), Outside);
     }
 
     #[test]
