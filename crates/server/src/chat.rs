@@ -159,17 +159,25 @@ fn grammar_format(f: ToolFormat) -> Option<tempo9_grammar::ToolCallFormat> {
 /// name comes from the offered tools and the arguments follow that tool's
 /// `parameters` schema (strictly when `function.strict` is true). `None` when
 /// the syntax has no grammar (or, in auto mode, no opening markup to wait for).
+/// `reasoning`: the output may reason in `<think>` tags first (`Some`, with
+/// where the prompt leaves it), where opening markup does not start a call.
 pub fn tool_call_grammar(
     tok: &tempo9_tokenizer::Tokenizer,
     format: ToolFormat,
     tools: &[Value],
     choice: &ToolChoice,
     parallel: bool,
+    reasoning: Option<think::PromptEnd>,
 ) -> Result<Option<tempo9_grammar::Grammar>, tempo9_grammar::GrammarError> {
     use tempo9_grammar::ToolChoice as G;
-    let Some(gformat) = grammar_format(format) else {
+    let Some(mut gformat) = grammar_format(format) else {
         return Ok(None);
     };
+    gformat.reasoning = reasoning.map(|end| tempo9_grammar::ReasoningMarkup {
+        open: think::OPEN.into(),
+        close: think::CLOSE.into(),
+        starts_inside: end != think::PromptEnd::Outside,
+    });
     let gchoice = match choice {
         ToolChoice::None => return Ok(None),
         ToolChoice::Auto if gformat.begin.is_empty() && gformat.open.is_empty() => return Ok(None),
@@ -317,6 +325,7 @@ impl AppState {
                 &choice,
                 // A named function is called once: small models otherwise repeat it.
                 parallel_tool_calls && !matches!(choice, ToolChoice::Named(_)),
+                reasoning,
             )
             .map_err(|e| ApiError::bad_param(family, "tools", e.to_string()))?;
             if g.is_some() {
