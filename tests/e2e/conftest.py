@@ -105,3 +105,15 @@ def qwen_think():
     s = Server(QWEN, ["--chat-template-file", path])
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen3_template():
+    """Qwen2.5-Coder-0.5B rendering chats with the Qwen3 template (Hermes tool
+    calls, `<think>` reasoning the model opens itself)."""
+    path = os.path.join(VOCAB, "templates", "Qwen-Qwen3-0.6B.jinja")
+    if not os.path.exists(path):
+        pytest.skip("!!! %s missing: run scripts/fetch-models.sh vocab !!!" % path)
+    s = Server(QWEN, ["--chat-template-file", path])
+    yield s
+    s.stop()

@@ -92,3 +92,28 @@ def test_response_format_closes_open_thinking(qwen_think):
     assert isinstance(json.loads(m.content), dict)
     assert "reasoning_content" not in (m.model_extra or {})
     assert r.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_tool_call_with_a_reasoning_template(qwen3_template):
+    """Hermes tool calls under a template that reasons in `<think>` tags: the
+    auto tool-call grammar (which lets `<tool_call>` pass while thinking)
+    still produces a parsed call, thinking on and off."""
+    import json
+
+    c = openai.OpenAI(base_url=qwen3_template.base + "/v1", api_key="x", max_retries=0)
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a given city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    msgs = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the weather in Paris right now?"}]
+    for extra in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):
+        r = c.chat.completions.create(model=qwen3_template.name, messages=msgs, tools=[weather],
+                                      temperature=0, max_tokens=40, extra_body=extra)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", (extra, ch.message)
+        call = ch.message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert "paris" in json.loads(call.function.arguments)["city"].lower()
+        assert no_tags(ch.message.content)
+
