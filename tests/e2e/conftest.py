@@ -89,3 +89,31 @@ def qwen():
     s = Server(QWEN, [])
     yield s
     s.stop()
+
+
+VOCAB = os.environ.get("TEMPO9_VOCAB", os.path.expanduser("~/.cache/tempo9/vocab"))
+
+
+@pytest.fixture(scope="session")
+def qwen_think():
+    """Qwen2.5-Coder-0.5B rendering chats with the Qwen3.5 template (llama.cpp's
+    models/templates/Qwen3.5-4B.jinja, fetched by scripts/fetch-models.sh vocab):
+    with thinking on, the prompt ends inside an open `<think>`."""
+    path = os.path.join(VOCAB, "templates", "Qwen3.5-4B.jinja")
+    if not os.path.exists(path):
+        pytest.skip("!!! %s missing: run scripts/fetch-models.sh vocab !!!" % path)
+    s = Server(QWEN, ["--chat-template-file", path])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen3_template():
+    """Qwen2.5-Coder-0.5B rendering chats with the Qwen3 template (Hermes tool
+    calls, `<think>` reasoning the model opens itself)."""
+    path = os.path.join(VOCAB, "templates", "Qwen-Qwen3-0.6B.jinja")
+    if not os.path.exists(path):
+        pytest.skip("!!! %s missing: run scripts/fetch-models.sh vocab !!!" % path)
+    s = Server(QWEN, ["--chat-template-file", path])
+    yield s
+    s.stop()

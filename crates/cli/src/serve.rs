@@ -37,6 +37,10 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub api_key: Option<String>,
+    /// Render chats with this Jinja chat template instead of the model's (as
+    /// llama-server's flag); tool-call and reasoning syntax follow it too.
+    #[arg(long, value_name = "PATH")]
+    pub chat_template_file: Option<PathBuf>,
     /// Name of the model in the APIs (default: `--model`'s name or the GGUF file stem).
     #[arg(long, value_name = "NAME")]
     pub served_name: Option<String>,
@@ -147,6 +151,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "tempo9".into())
         });
+    let chat_template = a
+        .chat_template_file
+        .as_ref()
+        .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
+        .transpose()?;
     let model = crate::load_model(&gguf, &a.model.device)?;
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
     let mut engine_cfg = a.model.engine_config(&model)?;
@@ -168,6 +177,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .filter(|s| !s.is_empty())
             .collect(),
         digest,
+        chat_template,
     };
     let state = Arc::new(AppState::new(handle, config)?.with_path(PathBuf::from(&gguf)));
     let rt = tokio::runtime::Builder::new_multi_thread()

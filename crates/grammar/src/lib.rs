@@ -40,7 +40,7 @@ pub use env::TokenizerEnvImpl;
 pub use grammar::{
     Grammar, GrammarKind, SchemaMode, JSON_ITEM_SEPARATOR, JSON_KEY_SEPARATOR, TOOL_JSON_WHITESPACE,
 };
-pub use tools::{ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec};
+pub use tools::{ReasoningMarkup, ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec};
 
 /// Why a grammar could not be built; the message names the problem and is meant
 /// for the client (HTTP 400).

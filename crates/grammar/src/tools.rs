@@ -36,6 +36,22 @@ pub struct ToolCallFormat {
     pub name_key: String,
     /// Key of the arguments object in the call object.
     pub arguments_key: String,
+    /// Reasoning markup the model may write before it answers: with `auto`,
+    /// opening markup inside reasoning that is not closed yet is reasoning
+    /// text, not a call.
+    pub reasoning: Option<ReasoningMarkup>,
+}
+
+/// The tags around a model's reasoning (`<think>`, `</think>`); used only
+/// when both are text in the vocabulary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReasoningMarkup {
+    /// Opens reasoning.
+    pub open: String,
+    /// Closes it.
+    pub close: String,
+    /// The prompt already opened it: the output starts as reasoning.
+    pub starts_inside: bool,
 }
 
 impl ToolCallFormat {
@@ -51,6 +67,7 @@ impl ToolCallFormat {
             separator: "\n".into(),
             name_key: "name".into(),
             arguments_key: "arguments".into(),
+            reasoning: None,
         }
     }
 
@@ -65,6 +82,7 @@ impl ToolCallFormat {
             separator: "; ".into(),
             name_key: "name".into(),
             arguments_key: "parameters".into(),
+            reasoning: None,
         }
     }
 
@@ -79,6 +97,7 @@ impl ToolCallFormat {
             separator: ", ".into(),
             name_key: "name".into(),
             arguments_key: "arguments".into(),
+            reasoning: None,
         }
     }
 }
@@ -261,7 +280,22 @@ impl ToolCallGrammar {
                                     .into(),
                             ));
                         }
-                        lark.push_str(&format!("head[lazy]: TEXT {}\n", json_str(trigger)));
+                        // With reasoning markup, the text before the trigger may
+                        // not end inside an open reasoning block: a trigger
+                        // written while thinking is reasoning text.
+                        let before = match reasoning_text(tok, &f.reasoning) {
+                            Some((open, close, inside)) => {
+                                let (open, close) = (json_str(&open), json_str(&close));
+                                let outside = format!("~(TEXT {open} ~(TEXT {close} TEXT))");
+                                if inside {
+                                    format!("TEXT {close} {outside}")
+                                } else {
+                                    outside
+                                }
+                            }
+                            None => "TEXT".to_string(),
+                        };
+                        lark.push_str(&format!("head[lazy]: {before} {}\n", json_str(trigger)));
                         let ws = &t[trigger.len()..];
                         if ws.is_empty() {
                             "head".to_string()
@@ -349,6 +383,17 @@ fn pieces(tok: &Tokenizer, s: &str) -> Vec<Piece> {
     }
     flush(&mut text, &mut out);
     out
+}
+
+/// The reasoning markup, when both tags are plain text in `tok`'s vocabulary
+/// (a control token cannot occur inside the free text anyway).
+fn reasoning_text(tok: &Tokenizer, r: &Option<ReasoningMarkup>) -> Option<(String, String, bool)> {
+    let r = r.as_ref()?;
+    let text = |s: &str| match pieces(tok, s).as_slice() {
+        [Piece::Text(t)] => Some(t.clone()),
+        _ => None,
+    };
+    Some((text(&r.open)?, text(&r.close)?, r.starts_inside))
 }
 
 /// Lark for a piece of markup (nothing for empty markup).

@@ -5,8 +5,8 @@ mod common;
 use common::{tokenizer, QWEN, SMOLLM2};
 use serde_json::json;
 use tempo9_grammar::{
-    Constraint, GrammarCompiler, GrammarError, ToolCallFormat, ToolCallGrammar, ToolChoice,
-    ToolSpec,
+    Constraint, GrammarCompiler, GrammarError, ReasoningMarkup, ToolCallFormat, ToolCallGrammar,
+    ToolChoice, ToolSpec,
 };
 use tempo9_tokenizer::Tokenizer;
 
@@ -151,6 +151,54 @@ fn auto_tool_choice_engages_at_the_opening_markup() {
         )),
         "and follow its schema"
     );
+}
+
+#[test]
+fn auto_tool_choice_ignores_markup_while_reasoning() {
+    let Some(tok) = tokenizer(QWEN) else { return };
+    let compiler = GrammarCompiler::for_tokenizer(&tok).unwrap();
+    let mut req = request(ToolChoice::Auto, true);
+    req.format.reasoning = Some(ReasoningMarkup {
+        open: "<think>".into(),
+        close: "</think>".into(),
+        starts_inside: false,
+    });
+    let g = req.build(&tok).unwrap();
+    let check = |text: &str| {
+        let mut c = compiler.compile(&g).expect("compile");
+        accepts(&mut c, &tok, text)
+    };
+    let musing = "<think>\nI could write <tool_call> here.\n</think>\n\n";
+    assert!(check(musing), "a trigger inside reasoning is text");
+    assert!(check(&format!("{musing}Sure.")));
+    assert!(
+        check(&format!("{musing}{WEATHER}")),
+        "a call after reasoning"
+    );
+    assert!(
+        !check(&format!("{musing}<tool_call>\nhello")),
+        "after reasoning the trigger engages the grammar"
+    );
+    assert!(check(WEATHER), "a call without reasoning");
+    assert!(!check("Hi <tool_call>\nhello"), "and text before it");
+    // Without reasoning markup the same musing engages the grammar.
+    let plain = request(ToolChoice::Auto, true).build(&tok).unwrap();
+    let mut c = compiler.compile(&plain).unwrap();
+    assert!(!accepts(&mut c, &tok, musing));
+
+    // The prompt opened `<think>` (Qwen3 thinking templates): the output
+    // starts as reasoning, so a trigger before `</think>` is text.
+    req.format.reasoning.as_mut().unwrap().starts_inside = true;
+    let g = req.build(&tok).unwrap();
+    let check = |text: &str| {
+        let mut c = compiler.compile(&g).expect("compile");
+        accepts(&mut c, &tok, text)
+    };
+    let musing = "I could write <tool_call> here.\n</think>\n\n";
+    assert!(check(musing));
+    assert!(check("Hi <tool_call>\nhello"), "still reasoning");
+    assert!(check(&format!("{musing}{WEATHER}")));
+    assert!(!check(&format!("{musing}<tool_call>\nhello")));
 }
 
 #[test]

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tempo9_engine::Usage;
 
-use crate::chat::{random_id, GenEvent, GenParams, Prompt, Stop, ToolChoice};
+use crate::chat::{random_id, GenEvent, GenParams, Prompt, Stop, TemplateOptions, ToolChoice};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{num, sampling, stop_strings, uint};
 use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState};
@@ -220,6 +220,27 @@ fn tool_choice(v: &Value) -> Result<(ToolChoice, bool), ApiError> {
     Ok((c, parallel))
 }
 
+/// `thinking: {type: "enabled" | "adaptive" | "disabled"}` switches the
+/// template's thinking; without it the model's template default applies.
+fn template_options(v: &Value) -> Result<TemplateOptions, ApiError> {
+    let mut o = TemplateOptions::default();
+    match &v["thinking"] {
+        Value::Null => {}
+        t => match t["type"].as_str() {
+            Some("enabled" | "adaptive") => o.enable_thinking = Some(true),
+            Some("disabled") => o.enable_thinking = Some(false),
+            _ => {
+                return Err(ApiError::bad_param(
+                    F,
+                    "thinking",
+                    "thinking.type must be enabled, adaptive or disabled",
+                ))
+            }
+        },
+    }
+    Ok(o)
+}
+
 fn prompt_of(v: &Value) -> Result<(Prompt, bool), ApiError> {
     let messages = to_openai_messages(v)?;
     let tools = to_openai_tools(v)?;
@@ -229,6 +250,7 @@ fn prompt_of(v: &Value) -> Result<(Prompt, bool), ApiError> {
             messages,
             tools,
             tool_choice: choice,
+            template: template_options(v)?,
         },
         parallel,
     ))
@@ -256,6 +278,96 @@ fn stop_reason(s: &Stop) -> (&'static str, Value) {
 fn tool_use_block(call: &crate::tools::ToolCall) -> Value {
     let input: Value = serde_json::from_str(&call.arguments).unwrap_or(json!({}));
     json!({"type": "tool_use", "id": format!("toolu_{}", random_id(24)), "name": call.name, "input": input})
+}
+
+/// The kind of the content block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+}
+
+/// Turns generated text, reasoning and calls into Anthropic stream events
+/// (`content_block_start` / `_delta` / `_stop`): reasoning streams as a
+/// `thinking` block (`thinking_delta`), the answer as a `text` block.
+#[derive(Debug, Default)]
+struct Blocks {
+    /// Index of the next (or the open) block.
+    index: usize,
+    open: Option<Block>,
+}
+
+impl Blocks {
+    /// Text or reasoning: extends the open block of that kind, or opens one.
+    fn delta(&mut self, kind: Block, t: &str, out: &mut Vec<(&'static str, Value)>) {
+        if self.open != Some(kind) {
+            self.close(out);
+            let block = match kind {
+                Block::Text => json!({"type": "text", "text": ""}),
+                Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            };
+            out.push((
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+            ));
+            self.open = Some(kind);
+        }
+        let delta = match kind {
+            Block::Text => json!({"type": "text_delta", "text": t}),
+            Block::Thinking => json!({"type": "thinking_delta", "thinking": t}),
+        };
+        out.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+        ));
+    }
+
+    /// A whole `tool_use` block.
+    fn call(&mut self, call: &crate::tools::ToolCall, out: &mut Vec<(&'static str, Value)>) {
+        self.close(out);
+        let mut block = tool_use_block(call);
+        let input = std::mem::replace(&mut block["input"], json!({}));
+        out.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+        ));
+        out.push(("content_block_delta", json!({"type": "content_block_delta",
+            "index": self.index, "delta": {"type": "input_json_delta", "partial_json": input.to_string()}})));
+        out.push((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": self.index}),
+        ));
+        self.index += 1;
+    }
+
+    /// Closes the open text or thinking block.
+    fn close(&mut self, out: &mut Vec<(&'static str, Value)>) {
+        if self.open.take().is_some() {
+            out.push((
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": self.index}),
+            ));
+            self.index += 1;
+        }
+    }
+}
+
+/// The content blocks of a whole (non-streamed) message.
+fn content_blocks(c: &crate::chat::Collected, parallel: bool) -> Vec<Value> {
+    let mut content = Vec::new();
+    if !c.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": c.reasoning, "signature": ""}));
+    }
+    if !c.text.is_empty() {
+        content.push(json!({"type": "text", "text": c.text}));
+    }
+    let calls = if parallel {
+        &c.calls[..]
+    } else {
+        &c.calls[..c.calls.len().min(1)]
+    };
+    content.extend(calls.iter().map(tool_use_block));
+    content
 }
 
 /// `POST /v1/messages`.
@@ -301,15 +413,7 @@ pub async fn messages(
         if let Stop::Error(e) = &c.stop {
             return Err(ApiError::new(F, ErrorKind::Internal, e.clone()));
         }
-        let mut content = Vec::new();
-        if !c.text.is_empty() {
-            content.push(json!({"type": "text", "text": c.text}));
-        }
-        let mut calls = c.calls.clone();
-        if !parallel {
-            calls.truncate(1);
-        }
-        content.extend(calls.iter().map(tool_use_block));
+        let content = content_blocks(&c, parallel);
         let (reason, seq) = stop_reason(&c.stop);
         return Ok(axum::Json(json!({
             "id": id, "type": "message", "role": "assistant", "model": model,
@@ -329,84 +433,43 @@ pub async fn messages(
             return;
         }
         let _ = tx.send(sse_event("ping", &json!({"type": "ping"}))).await;
-        // Index of the next block and whether a text block is open.
-        let mut index = 0usize;
-        let mut text_open = false;
-        let mut send = Vec::new();
+        let mut blocks = Blocks::default();
+        let mut events_out = Vec::new();
         let ping = || sse_event("ping", &json!({"type": "ping"}));
         while let Some(events) = next_or_keepalive(&mut gen, &tx, ping).await {
             for e in events {
                 match e {
-                    GenEvent::Text(t) => {
-                        if !text_open {
-                            send.push(sse_event(
-                                "content_block_start",
-                                &json!({"type": "content_block_start",
-                                "index": index, "content_block": {"type": "text", "text": ""}}),
-                            ));
-                            text_open = true;
-                        }
-                        send.push(sse_event(
-                            "content_block_delta",
-                            &json!({"type": "content_block_delta",
-                            "index": index, "delta": {"type": "text_delta", "text": t}}),
-                        ));
-                    }
+                    GenEvent::Text(t) => blocks.delta(Block::Text, &t, &mut events_out),
+                    GenEvent::Reasoning(t) => blocks.delta(Block::Thinking, &t, &mut events_out),
                     GenEvent::ToolCall { index: ci, call } => {
                         if !parallel && ci > 0 {
                             continue;
                         }
-                        if text_open {
-                            send.push(sse_event(
-                                "content_block_stop",
-                                &json!({"type": "content_block_stop", "index": index}),
-                            ));
-                            text_open = false;
-                            index += 1;
-                        }
-                        let mut block = tool_use_block(&call);
-                        let input = std::mem::replace(&mut block["input"], json!({}));
-                        send.push(sse_event(
-                            "content_block_start",
-                            &json!({"type": "content_block_start",
-                            "index": index, "content_block": block}),
-                        ));
-                        send.push(sse_event("content_block_delta", &json!({"type": "content_block_delta",
-                            "index": index, "delta": {"type": "input_json_delta", "partial_json": input.to_string()}})));
-                        send.push(sse_event(
-                            "content_block_stop",
-                            &json!({"type": "content_block_stop", "index": index}),
-                        ));
-                        index += 1;
+                        blocks.call(&call, &mut events_out);
                     }
-                    GenEvent::Reasoning(_) | GenEvent::Logprobs(_) => {}
-                    GenEvent::Done { stop, usage } => {
-                        if text_open {
-                            send.push(sse_event(
-                                "content_block_stop",
-                                &json!({"type": "content_block_stop", "index": index}),
-                            ));
-                        }
+                    GenEvent::Logprobs(_) => {}
+                    GenEvent::Done { stop, usage, .. } => {
+                        blocks.close(&mut events_out);
                         if let Stop::Error(msg) = &stop {
-                            send.push(sse_event(
+                            events_out.push((
                                 "error",
-                                &ApiError::new(F, ErrorKind::Internal, msg.clone()).body(),
+                                ApiError::new(F, ErrorKind::Internal, msg.clone()).body(),
                             ));
                         } else {
                             let (reason, seq) = stop_reason(&stop);
-                            send.push(sse_event(
+                            events_out.push((
                                 "message_delta",
-                                &json!({"type": "message_delta",
+                                json!({"type": "message_delta",
                                 "delta": {"stop_reason": reason, "stop_sequence": seq},
                                 "usage": usage_json(&usage)}),
                             ));
-                            send.push(sse_event("message_stop", &json!({"type": "message_stop"})));
+                            events_out.push(("message_stop", json!({"type": "message_stop"})));
                         }
                     }
                 }
             }
-            for b in send.drain(..) {
-                if tx.send(b).await.is_err() {
+            for (name, data) in events_out.drain(..) {
+                if tx.send(sse_event(name, &data)).await.is_err() {
                     return;
                 }
             }
@@ -513,5 +576,68 @@ mod tests {
         let j = usage_json(&u);
         assert_eq!(j["input_tokens"], 36);
         assert_eq!(j["cache_read_input_tokens"], 64);
+    }
+
+    #[test]
+    fn thinking_switch() {
+        let on = json!({"thinking": {"type": "enabled", "budget_tokens": 1024}});
+        assert_eq!(template_options(&on).unwrap().enable_thinking, Some(true));
+        let off = json!({"thinking": {"type": "disabled"}});
+        assert_eq!(template_options(&off).unwrap().enable_thinking, Some(false));
+        assert_eq!(template_options(&json!({})).unwrap().enable_thinking, None);
+        assert!(template_options(&json!({"thinking": {"type": "loud"}})).is_err());
+    }
+
+    #[test]
+    fn reasoning_streams_as_a_thinking_block() {
+        let mut b = Blocks::default();
+        let mut out = Vec::new();
+        b.delta(Block::Thinking, "Hm", &mut out);
+        b.delta(Block::Thinking, "m.", &mut out);
+        b.delta(Block::Text, "Hi", &mut out);
+        b.call(
+            &crate::tools::ToolCall {
+                name: "f".into(),
+                arguments: "{}".into(),
+            },
+            &mut out,
+        );
+        b.close(&mut out);
+        let kinds: Vec<String> = out
+            .iter()
+            .map(|(n, d)| {
+                let sub = d["content_block"]["type"]
+                    .as_str()
+                    .or(d["delta"]["type"].as_str())
+                    .unwrap_or("");
+                format!("{n}:{}:{sub}", d["index"])
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "content_block_start:0:thinking",
+                "content_block_delta:0:thinking_delta",
+                "content_block_delta:0:thinking_delta",
+                "content_block_stop:0:",
+                "content_block_start:1:text",
+                "content_block_delta:1:text_delta",
+                "content_block_stop:1:",
+                "content_block_start:2:tool_use",
+                "content_block_delta:2:input_json_delta",
+                "content_block_stop:2:",
+            ]
+        );
+        assert_eq!(out[1].1["delta"]["thinking"], "Hm");
+
+        let c = crate::chat::Collected {
+            text: "Hi".into(),
+            reasoning: "Hmm.".into(),
+            ..Default::default()
+        };
+        let blocks = content_blocks(&c, true);
+        assert_eq!(blocks[0]["type"], "thinking");
+        assert_eq!(blocks[0]["thinking"], "Hmm.");
+        assert_eq!(blocks[1], json!({"type": "text", "text": "Hi"}));
     }
 }

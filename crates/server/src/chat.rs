@@ -11,7 +11,7 @@ use tempo9_engine::{
 };
 
 use crate::error::{ApiError, ErrorKind, Family};
-use crate::tools::{Piece, ToolCall, ToolFormat, ToolParser};
+use crate::tools::{think, Piece, ThinkParser, ToolCall, ToolFormat, ToolParser};
 use crate::AppState;
 
 /// What the client asked about tool use.
@@ -55,12 +55,16 @@ pub enum Prompt {
         tools: Vec<Value>,
         /// Tool-use policy.
         tool_choice: ToolChoice,
+        /// Thinking on/off and other template variables of this request.
+        template: TemplateOptions,
     },
     /// Raw text, tokenized as is (special-token text is parsed).
     Text(String),
     /// Token ids.
     Tokens(Vec<u32>),
 }
+
+pub use tempo9_tokenizer::TemplateOptions;
 
 /// A request ready to submit.
 pub struct Prepared {
@@ -81,6 +85,10 @@ pub struct Prepared {
     /// The tool-call syntax of this response (the model's, or Hermes when the
     /// model has none and a call is forced).
     pub format: ToolFormat,
+    /// `Some(end)`: `<think>` reasoning is split off the output (a chat
+    /// prompt, with a template that reasons in those tags), which follows a
+    /// prompt ending `end` (inside reasoning or not).
+    pub reasoning: Option<think::PromptEnd>,
 }
 
 /// A rendered, tokenized prompt.
@@ -91,6 +99,7 @@ struct Rendered {
     tools: Vec<Value>,
     format: ToolFormat,
     choice: ToolChoice,
+    reasoning: Option<think::PromptEnd>,
 }
 
 /// The system-prompt text that teaches Hermes-style tool calls to a model whose
@@ -150,17 +159,25 @@ fn grammar_format(f: ToolFormat) -> Option<tempo9_grammar::ToolCallFormat> {
 /// name comes from the offered tools and the arguments follow that tool's
 /// `parameters` schema (strictly when `function.strict` is true). `None` when
 /// the syntax has no grammar (or, in auto mode, no opening markup to wait for).
+/// `reasoning`: the output may reason in `<think>` tags first (`Some`, with
+/// where the prompt leaves it), where opening markup does not start a call.
 pub fn tool_call_grammar(
     tok: &tempo9_tokenizer::Tokenizer,
     format: ToolFormat,
     tools: &[Value],
     choice: &ToolChoice,
     parallel: bool,
+    reasoning: Option<think::PromptEnd>,
 ) -> Result<Option<tempo9_grammar::Grammar>, tempo9_grammar::GrammarError> {
     use tempo9_grammar::ToolChoice as G;
-    let Some(gformat) = grammar_format(format) else {
+    let Some(mut gformat) = grammar_format(format) else {
         return Ok(None);
     };
+    gformat.reasoning = reasoning.map(|end| tempo9_grammar::ReasoningMarkup {
+        open: think::OPEN.into(),
+        close: think::CLOSE.into(),
+        starts_inside: end != think::PromptEnd::Outside,
+    });
     let gchoice = match choice {
         ToolChoice::None => return Ok(None),
         ToolChoice::Auto if gformat.begin.is_empty() && gformat.open.is_empty() => return Ok(None),
@@ -269,7 +286,8 @@ impl AppState {
             tools,
             format,
             choice,
-        } = self.render(family, prompt)?;
+            reasoning,
+        } = self.render(family, prompt, params.grammar.is_some())?;
         if tokens.is_empty() {
             return Err(ApiError::bad(family, "the prompt is empty"));
         }
@@ -307,6 +325,7 @@ impl AppState {
                 &choice,
                 // A named function is called once: small models otherwise repeat it.
                 parallel_tool_calls && !matches!(choice, ToolChoice::Named(_)),
+                reasoning,
             )
             .map_err(|e| ApiError::bad_param(family, "tools", e.to_string()))?;
             if g.is_some() {
@@ -349,6 +368,7 @@ impl AppState {
             max_tokens,
             constraint,
             format,
+            reasoning,
         })
     }
 
@@ -360,11 +380,17 @@ impl AppState {
         family: Family,
         prompt: Prompt,
     ) -> Result<(Vec<u32>, Option<String>, bool, Vec<Value>), ApiError> {
-        let r = self.render(family, prompt)?;
+        let r = self.render(family, prompt, false)?;
         Ok((r.tokens, r.forced_prefix, r.parse_calls, r.tools))
     }
 
-    fn render(&self, family: Family, prompt: Prompt) -> Result<Rendered, ApiError> {
+    /// `constrained`: a response-format grammar will constrain the whole output.
+    fn render(
+        &self,
+        family: Family,
+        prompt: Prompt,
+        constrained: bool,
+    ) -> Result<Rendered, ApiError> {
         let tok = self.engine.tokenizer();
         let plain = |tokens| Rendered {
             tokens,
@@ -373,12 +399,14 @@ impl AppState {
             tools: Vec::new(),
             format: self.tool_format,
             choice: ToolChoice::None,
+            reasoning: None,
         };
         Ok(match prompt {
             Prompt::Chat {
                 mut messages,
                 tools,
                 tool_choice,
+                template,
             } => {
                 if messages.is_empty() {
                     return Err(ApiError::bad_param(
@@ -418,13 +446,24 @@ impl AppState {
                 }
                 let mut text = self
                     .template
-                    .render(&messages, show_tools.then_some(&tools[..]), true)
+                    .render_with(&messages, show_tools.then_some(&tools[..]), true, &template)
                     .map_err(|e| ApiError::bad(family, e.to_string()))?;
                 let forced = match (&tool_choice, show_tools) {
                     (ToolChoice::Required, true) => format.forced_prefix(None),
                     (ToolChoice::Named(n), true) => format.forced_prefix(Some(n)),
                     _ => None,
                 };
+                let mut end = think::prompt_end(&text);
+                // A grammar-constrained output (forced call, response format)
+                // cannot think first: close the prompt's open `<think>` like the
+                // template's own thinking-off form does.
+                if self.think
+                    && end != think::PromptEnd::Outside
+                    && (forced.is_some() || constrained)
+                {
+                    think::close_reasoning(&mut text);
+                    end = think::PromptEnd::Outside;
+                }
                 if let Some(f) = &forced {
                     text.push_str(f);
                 }
@@ -437,6 +476,7 @@ impl AppState {
                     tools,
                     format,
                     choice: tool_choice,
+                    reasoning: self.think.then_some(end),
                 }
             }
             Prompt::Text(t) => plain(tok.encode(&t, true, true)),
@@ -480,6 +520,9 @@ impl AppState {
             .submit(req)
             .map_err(|e| submit_error(family, e))?;
         let mut parser = p.format.parser(&p.tools, p.parse_calls);
+        if let Some(end) = p.reasoning {
+            parser = Box::new(ThinkParser::new(parser, end));
+        }
         let mut pending = Vec::new();
         if let Some(prefix) = &p.forced_prefix {
             parser.push(prefix, &mut pending);
@@ -495,7 +538,9 @@ impl AppState {
             calls: 0,
             done: false,
             want_logprobs: p.params.logprobs,
+            reasoning_tokens: 0,
             format: p.format,
+            think: p.reasoning.is_some(),
         })
     }
 }
@@ -579,6 +624,8 @@ pub enum GenEvent {
         stop: Stop,
         /// Token counts.
         usage: Usage,
+        /// Generated tokens that were reasoning.
+        reasoning_tokens: usize,
     },
 }
 
@@ -594,7 +641,11 @@ pub struct Generation {
     calls: usize,
     done: bool,
     want_logprobs: bool,
+    /// Tokens generated inside reasoning so far.
+    reasoning_tokens: usize,
     format: ToolFormat,
+    /// `<think>` tags are parsed (their tokens' text is needed).
+    think: bool,
 }
 
 impl Generation {
@@ -642,10 +693,17 @@ impl Generation {
                     // Special tokens are detokenized without text; markup tokens
                     // of this model's tool format are needed by the parser.
                     if let Some(piece) = tok.token_text(t.id) {
-                        if self.format.markup_tokens().contains(&piece) && !tok.is_eog(t.id) {
+                        let think_tag =
+                            self.think && (piece == think::OPEN || piece == think::CLOSE);
+                        if (think_tag || self.format.markup_tokens().contains(&piece))
+                            && !tok.is_eog(t.id)
+                        {
                             text = piece.to_string();
                         }
                     }
+                }
+                if self.parser.in_reasoning() {
+                    self.reasoning_tokens += 1;
                 }
                 let mut pieces = Vec::new();
                 self.parser.push(&text, &mut pieces);
@@ -713,6 +771,7 @@ impl Generation {
                 out.push(GenEvent::Done {
                     stop,
                     usage: f.usage,
+                    reasoning_tokens: self.reasoning_tokens,
                 });
             }
             None => {
@@ -723,6 +782,7 @@ impl Generation {
                         prompt_tokens: self.prompt_tokens,
                         ..Usage::default()
                     },
+                    reasoning_tokens: self.reasoning_tokens,
                 });
             }
         }
@@ -739,9 +799,14 @@ impl Generation {
                     GenEvent::Reasoning(t) => c.reasoning.push_str(&t),
                     GenEvent::ToolCall { call, .. } => c.calls.push(call),
                     GenEvent::Logprobs(l) => c.logprobs.extend(l),
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done {
+                        stop,
+                        usage,
+                        reasoning_tokens,
+                    } => {
                         c.stop = stop;
                         c.usage = usage;
+                        c.reasoning_tokens = reasoning_tokens;
                     }
                 }
             }
@@ -765,6 +830,8 @@ pub struct Collected {
     pub stop: Stop,
     /// Token counts.
     pub usage: Usage,
+    /// Generated tokens that were reasoning.
+    pub reasoning_tokens: usize,
 }
 
 impl Default for Collected {
@@ -776,6 +843,7 @@ impl Default for Collected {
             logprobs: Vec::new(),
             stop: Stop::EndTurn,
             usage: Usage::default(),
+            reasoning_tokens: 0,
         }
     }
 }

@@ -71,6 +71,8 @@ pub struct ServerConfig {
     pub volatile_prefixes: Vec<String>,
     /// Digest to report for the model (Ollama's, when resolved from its store).
     pub digest: Option<String>,
+    /// A chat template (Jinja source) to use instead of the model's.
+    pub chat_template: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +89,7 @@ impl Default for ServerConfig {
             max_concurrent: 256,
             volatile_prefixes: vec!["x-anthropic-billing-header:".into()],
             digest: None,
+            chat_template: None,
         }
     }
 }
@@ -218,6 +221,9 @@ pub struct AppState {
     pub template: ChatTemplate,
     /// The model's tool-call syntax.
     pub tool_format: ToolFormat,
+    /// The template teaches `<think>…</think>` reasoning: it is split off
+    /// the output (harmony and Gemma 4 parse their own reasoning channels).
+    pub think: bool,
     /// Model facts.
     pub info: ModelInfo,
     /// Settings.
@@ -234,14 +240,20 @@ impl AppState {
     /// State for serving `engine`'s model with `config`.
     pub fn new(engine: EngineHandle, config: ServerConfig) -> anyhow::Result<AppState> {
         let gguf = engine.model().gguf().clone();
-        let template = ChatTemplate::for_model(&gguf, engine.tokenizer())?;
+        let template = match &config.chat_template {
+            Some(src) => ChatTemplate::for_tokenizer(src, engine.tokenizer())?,
+            None => ChatTemplate::for_model(&gguf, engine.tokenizer())?,
+        };
         let info = ModelInfo::from_gguf(&gguf, PathBuf::new());
         let tool_format = ToolFormat::detect(template.source(), &info.arch);
+        let think = crate::tools::think::detect(template.source())
+            && !matches!(tool_format, ToolFormat::Harmony | ToolFormat::Gemma4);
         Ok(AppState {
             slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
             engine,
             template,
             tool_format,
+            think,
             info,
             config,
             metrics: Metrics::new(),

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::chat::{GenEvent, GenParams, Prompt, Stop, ToolChoice};
+use crate::chat::{GenEvent, GenParams, Prompt, Stop, TemplateOptions, ToolChoice};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{chat_tools, sampling, stop_strings};
 use crate::{parse_body, streaming, AppState};
@@ -257,7 +257,7 @@ async fn run(
                         piece("", "", vec![ollama_call(&call, index)])
                     }
                     GenEvent::Logprobs(_) => continue,
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done { stop, usage, .. } => {
                         if let Stop::Error(msg) = &stop {
                             let _ = tx.send(line(&json!({"error": msg}))).await;
                             return;
@@ -305,6 +305,28 @@ fn load_response(model: &str, chat: bool) -> Response {
     axum::Json(v).into_response()
 }
 
+/// Ollama's `think`: `true`/`false` switches the template's thinking; an
+/// effort (`"high"`, `"medium"`, `"low"`) turns it on and reaches the template
+/// as `reasoning_effort`.
+fn template_options(v: &Value) -> Result<TemplateOptions, ApiError> {
+    let mut o = TemplateOptions::default();
+    match &v["think"] {
+        Value::Null => {}
+        Value::Bool(b) => o.enable_thinking = Some(*b),
+        Value::String(e) if matches!(e.as_str(), "high" | "medium" | "low") => {
+            o.enable_thinking = Some(true);
+            crate::openai::reasoning_effort(&mut o, Some(e));
+        }
+        _ => {
+            return Err(ApiError::bad(
+                F,
+                "'think' must be true, false, \"high\", \"medium\" or \"low\"",
+            ))
+        }
+    }
+    Ok(o)
+}
+
 /// `POST /api/chat`.
 pub async fn chat(
     State(st): State<Arc<AppState>>,
@@ -323,6 +345,7 @@ pub async fn chat(
             messages,
             tools,
             tool_choice: ToolChoice::Auto,
+            template: template_options(&v)?,
         };
         run(st.clone(), v, prompt, true, received).await
     }
@@ -359,6 +382,7 @@ pub async fn generate(
                 messages,
                 tools: Vec::new(),
                 tool_choice: ToolChoice::None,
+                template: template_options(&v)?,
             }
         };
         run(st.clone(), v, prompt, false, received).await
@@ -419,6 +443,14 @@ pub async fn show(
         let mut caps = vec!["completion"];
         if st.tool_format != crate::tools::ToolFormat::None {
             caps.push("tools");
+        }
+        // Ollama's clients send `think` only to models that list it.
+        let channels = matches!(
+            st.tool_format,
+            crate::tools::ToolFormat::Harmony | crate::tools::ToolFormat::Gemma4
+        );
+        if st.think || channels {
+            caps.push("thinking");
         }
         let mut info = st.info.metadata.clone();
         info.insert(
@@ -483,5 +515,26 @@ mod tests {
             None
         );
         assert!(params_of(&json!({"options": 3})).is_err());
+    }
+
+    #[test]
+    fn think_switch() {
+        assert_eq!(
+            template_options(&json!({"think": false}))
+                .unwrap()
+                .enable_thinking,
+            Some(false)
+        );
+        assert_eq!(
+            template_options(&json!({"think": true}))
+                .unwrap()
+                .enable_thinking,
+            Some(true)
+        );
+        let o = template_options(&json!({"think": "low"})).unwrap();
+        assert_eq!(o.enable_thinking, Some(true));
+        assert_eq!(o.kwargs["reasoning_effort"], "low");
+        assert_eq!(template_options(&json!({})).unwrap().enable_thinking, None);
+        assert!(template_options(&json!({"think": "maybe"})).is_err());
     }
 }

@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use tempo9_engine::{SamplingParams, Usage};
 
-use crate::chat::{random_id, unix_time, GenEvent, GenParams, Prompt, Stop, ToolChoice};
+use crate::chat::{
+    random_id, unix_time, GenEvent, GenParams, Prompt, Stop, TemplateOptions, ToolChoice,
+};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::{parse_body, sse_data, streaming, AppState};
 
@@ -199,6 +201,55 @@ pub fn chat_tools(v: &Value, family: Family) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
+/// Template options of an OpenAI-style request, by llama-server's rules:
+/// `chat_template_kwargs` go to the template (their `enable_thinking` must be
+/// a boolean and switches thinking); `reasoning_effort: "none"` turns thinking
+/// off and any other effort reaches the template as `reasoning_effort`.
+pub fn template_options(v: &Value, family: Family) -> Result<TemplateOptions, ApiError> {
+    let mut o = TemplateOptions::default();
+    match v.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            o.kwargs = m.clone();
+            match o.kwargs.remove("enable_thinking") {
+                None | Some(Value::Null) => {}
+                Some(Value::Bool(b)) => o.enable_thinking = Some(b),
+                Some(_) => {
+                    return Err(ApiError::bad_param(
+                        family,
+                        "chat_template_kwargs",
+                        "chat_template_kwargs.enable_thinking must be a boolean",
+                    ))
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                family,
+                "chat_template_kwargs",
+                "'chat_template_kwargs' must be an object",
+            ))
+        }
+    }
+    reasoning_effort(&mut o, string(v, "reasoning_effort", family)?);
+    Ok(o)
+}
+
+/// Applies a reasoning effort: `"none"` turns thinking off; other values
+/// reach the template as `reasoning_effort`.
+pub fn reasoning_effort(o: &mut TemplateOptions, effort: Option<&str>) {
+    match effort {
+        Some("none") => {
+            o.enable_thinking = Some(false);
+            o.kwargs.remove("reasoning_effort");
+        }
+        Some(e) if !e.is_empty() => {
+            o.kwargs.insert("reasoning_effort".into(), json!(e));
+        }
+        _ => {}
+    }
+}
+
 /// OpenAI `tool_choice`: `"auto" | "none" | "required" | {"type":"function","function":{"name"}}`.
 pub fn tool_choice(v: &Value, family: Family) -> Result<ToolChoice, ApiError> {
     match v.get("tool_choice") {
@@ -259,14 +310,14 @@ fn check_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
     Ok(msgs.clone())
 }
 
-/// OpenAI usage object.
-pub fn usage_json(u: &Usage) -> Value {
+/// OpenAI usage object; `reasoning_tokens` of the completion were reasoning.
+pub fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     })
 }
 
@@ -336,6 +387,7 @@ pub async fn chat_completions(
         messages,
         tools,
         tool_choice: choice,
+        template: template_options(&v, F)?,
     };
     let st2 = st.clone();
     let prepared =
@@ -374,7 +426,7 @@ pub async fn chat_completions(
             "system_fingerprint": "tempo9",
             "choices": [{"index": 0, "message": msg, "logprobs": lp,
                          "finish_reason": finish_reason(&c.stop)}],
-            "usage": usage_json(&c.usage),
+            "usage": usage_json(&c.usage, c.reasoning_tokens),
         }))
         .into_response());
     }
@@ -430,7 +482,11 @@ pub async fn chat_completions(
                             json!({"content": l.iter().map(|x| x.to_openai()).collect::<Vec<_>>()}),
                         )),
                     ),
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done {
+                        stop,
+                        usage,
+                        reasoning_tokens,
+                    } => {
                         if let Stop::Error(msg) = &stop {
                             let err = ApiError::new(F, ErrorKind::Internal, msg.clone()).body();
                             let _ = tx.send(sse_data(&err)).await;
@@ -446,7 +502,7 @@ pub async fn chat_completions(
                         if include_usage {
                             let u = json!({"id": id, "object": "chat.completion.chunk", "created": created,
                                 "model": model, "system_fingerprint": "tempo9", "choices": [],
-                                "usage": usage_json(&usage)});
+                                "usage": usage_json(&usage, reasoning_tokens)});
                             let _ = tx.send(sse_data(&u)).await;
                         }
                         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
@@ -571,7 +627,7 @@ pub async fn completions(
             "system_fingerprint": "tempo9",
             "choices": [{"index": 0, "text": format!("{echo_text}{}", c.text), "logprobs": lp,
                          "finish_reason": finish_reason(&c.stop)}],
-            "usage": usage_json(&c.usage),
+            "usage": usage_json(&c.usage, 0),
         }))
         .into_response());
     }
@@ -595,7 +651,7 @@ pub async fn completions(
                 let c = match e {
                     GenEvent::Text(t) => chunk(&t, Value::Null, Value::Null),
                     GenEvent::Logprobs(l) => chunk("", Value::Null, legacy_lp(&l)),
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Done { stop, usage, .. } => {
                         if let Stop::Error(msg) = &stop {
                             let _ = tx
                                 .send(sse_data(
@@ -613,7 +669,7 @@ pub async fn completions(
                         }
                         if include_usage {
                             let u = json!({"id": id, "object": "text_completion", "created": created,
-                                "model": model, "choices": [], "usage": usage_json(&usage)});
+                                "model": model, "choices": [], "usage": usage_json(&usage, 0)});
                             let _ = tx.send(sse_data(&u)).await;
                         }
                         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
@@ -737,8 +793,36 @@ mod tests {
             completion_tokens: 3,
             preemptions: 0,
         };
-        let j = usage_json(&u);
+        let j = usage_json(&u, 2);
         assert_eq!(j["total_tokens"], 13);
         assert_eq!(j["prompt_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(j["completion_tokens_details"]["reasoning_tokens"], 2);
+    }
+
+    #[test]
+    fn thinking_from_kwargs_and_effort() {
+        let o = template_options(
+            &json!({"chat_template_kwargs": {"enable_thinking": false, "custom": [1]}}),
+            F,
+        )
+        .unwrap();
+        assert_eq!(o.enable_thinking, Some(false));
+        // Other kwargs reach the template; the switch itself is not duplicated.
+        assert_eq!(Value::Object(o.kwargs), json!({"custom": [1]}));
+        let o = template_options(&json!({"reasoning_effort": "none"}), F).unwrap();
+        assert_eq!(o.enable_thinking, Some(false));
+        let o = template_options(&json!({"reasoning_effort": "high"}), F).unwrap();
+        assert_eq!(o.enable_thinking, None);
+        assert_eq!(o.kwargs["reasoning_effort"], "high");
+        assert_eq!(
+            template_options(&json!({}), F).unwrap(),
+            TemplateOptions::default()
+        );
+        assert!(template_options(
+            &json!({"chat_template_kwargs": {"enable_thinking": "no"}}),
+            F
+        )
+        .is_err());
+        assert!(template_options(&json!({"chat_template_kwargs": [1]}), F).is_err());
     }
 }

@@ -44,6 +44,8 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
     if let Some(i) = v["instructions"].as_str().filter(|s| !s.is_empty()) {
         out.push(json!({"role": "system", "content": i}));
     }
+    // A reasoning item's text, for the assistant turn that follows it.
+    let mut reasoning: Option<String> = None;
     match &v["input"] {
         Value::String(s) => out.push(json!({"role": "user", "content": s})),
         Value::Array(items) => {
@@ -61,7 +63,13 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                                 ),
                             ));
                         }
-                        out.push(json!({"role": role, "content": part_text(&it["content"])}));
+                        let mut m = json!({"role": role, "content": part_text(&it["content"])});
+                        if role == "assistant" {
+                            if let Some(r) = reasoning.take() {
+                                m["reasoning_content"] = json!(r);
+                            }
+                        }
+                        out.push(m);
                     }
                     "function_call" => {
                         let call = json!({"id": it["call_id"].as_str().unwrap_or(""), "type": "function",
@@ -80,9 +88,13 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                             Some(last) if last["role"] == "assistant" => {
                                 last["tool_calls"] = json!([call])
                             }
-                            _ => out.push(
-                                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
-                            ),
+                            _ => {
+                                let mut m = json!({"role": "assistant", "content": "", "tool_calls": [call]});
+                                if let Some(r) = reasoning.take() {
+                                    m["reasoning_content"] = json!(r);
+                                }
+                                out.push(m)
+                            }
                         }
                     }
                     "function_call_output" => {
@@ -93,8 +105,23 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                         out.push(json!({"role": "tool", "tool_call_id": it["call_id"].as_str().unwrap_or(""),
                                         "content": output}));
                     }
-                    // Reasoning items carry nothing the template renders.
-                    "reasoning" => {}
+                    // Rendered as the next assistant turn's `reasoning_content`
+                    // (templates show it on turns after the last user message).
+                    "reasoning" => {
+                        let parts = it["content"]
+                            .as_array()
+                            .filter(|c| !c.is_empty())
+                            .or(it["summary"].as_array());
+                        let text = parts
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|p| p["text"].as_str())
+                            .collect::<Vec<_>>()
+                            .join("\n");
+                        if !text.is_empty() {
+                            reasoning = Some(text);
+                        }
+                    }
                     t => {
                         return Err(ApiError::bad_param(
                             F,
@@ -166,11 +193,11 @@ fn tool_choice(v: &Value) -> Result<ToolChoice, ApiError> {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
+fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
     json!({"input_tokens": u.prompt_tokens,
            "input_tokens_details": {"cached_tokens": u.cached_tokens},
            "output_tokens": u.completion_tokens,
-           "output_tokens_details": {"reasoning_tokens": 0},
+           "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
            "total_tokens": u.prompt_tokens + u.completion_tokens})
 }
 
@@ -178,6 +205,12 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"id": id, "type": "message", "status": status, "role": "assistant",
            "content": if status == "in_progress" { json!([]) } else {
                json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]) }})
+}
+
+fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    json!({"id": id, "type": "reasoning", "status": status, "summary": [],
+           "content": if status == "in_progress" { json!([]) } else {
+               json!([{"type": "reasoning_text", "text": text}]) }})
 }
 
 fn call_item(id: &str, call_id: &str, call: &ToolCall, status: &str) -> Value {
@@ -193,7 +226,8 @@ fn skeleton(v: &Value, id: &str, model: &str, created: u64) -> Value {
         "instructions": v.get("instructions").cloned().unwrap_or(Value::Null),
         "max_output_tokens": v.get("max_output_tokens").cloned().unwrap_or(Value::Null),
         "model": model, "output": [], "parallel_tool_calls": v["parallel_tool_calls"].as_bool().unwrap_or(true),
-        "previous_response_id": null, "reasoning": {"effort": null, "summary": null},
+        "previous_response_id": null,
+        "reasoning": v.get("reasoning").filter(|r| r.is_object()).cloned().unwrap_or(json!({"effort": null, "summary": null})),
         "store": false,
         "temperature": v.get("temperature").cloned().unwrap_or(json!(1.0)),
         "text": v["text"].get("format").map(|f| json!({"format": f})).unwrap_or(json!({"format": {"type": "text"}})),
@@ -205,9 +239,15 @@ fn skeleton(v: &Value, id: &str, model: &str, created: u64) -> Value {
     })
 }
 
-fn finish(resp: &mut Value, stop: &Stop, usage: &Usage, output: Vec<Value>) {
+fn finish(
+    resp: &mut Value,
+    stop: &Stop,
+    usage: &Usage,
+    reasoning_tokens: usize,
+    output: Vec<Value>,
+) {
     resp["output"] = Value::Array(output);
-    resp["usage"] = usage_json(usage);
+    resp["usage"] = usage_json(usage, reasoning_tokens);
     if *stop == Stop::Length {
         resp["status"] = json!("incomplete");
         resp["incomplete_details"] = json!({"reason": "max_output_tokens"});
@@ -258,10 +298,14 @@ pub async fn create(
     };
     let model = st.config.model_name.clone();
     let slot = st.slot(F)?;
+    // `reasoning.effort` as the chat API's `reasoning_effort` (as llama-server maps it).
+    let mut template = crate::openai::template_options(&v, F)?;
+    crate::openai::reasoning_effort(&mut template, v["reasoning"]["effort"].as_str());
     let prompt = Prompt::Chat {
         messages,
         tools,
         tool_choice: choice,
+        template,
     };
     let st2 = st.clone();
     let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
@@ -278,6 +322,13 @@ pub async fn create(
             return Err(ApiError::new(F, ErrorKind::Internal, e.clone()));
         }
         let mut output = Vec::new();
+        if !c.reasoning.is_empty() {
+            output.push(reasoning_item(
+                &format!("rs_{}", random_id(24)),
+                &c.reasoning,
+                "completed",
+            ));
+        }
         if !c.text.is_empty() {
             output.push(message_item(
                 &format!("msg_{}", random_id(24)),
@@ -298,7 +349,7 @@ pub async fn create(
                 "completed",
             ));
         }
-        finish(&mut resp, &c.stop, &c.usage, output);
+        finish(&mut resp, &c.stop, &c.usage, c.reasoning_tokens, output);
         return Ok(axum::Json(resp).into_response());
     }
     Ok(streaming("text/event-stream", move |tx| async move {
@@ -347,6 +398,26 @@ pub async fn create(
                 output.push(item);
             }
         };
+        // The open reasoning item: (output index, item id, text so far).
+        let mut thinking: Option<(usize, String, String)> = None;
+        let close_thinking =
+            |thinking: &mut Option<(usize, String, String)>,
+             output: &mut Vec<Value>,
+             out: &mut Vec<Bytes>,
+             ev: &mut dyn FnMut(&str, Value) -> Bytes| {
+                if let Some((oi, item_id, text)) = thinking.take() {
+                    out.push(ev(
+                    "response.reasoning_text.done",
+                    json!({"item_id": item_id, "output_index": oi, "content_index": 0, "text": text}),
+                ));
+                    let item = reasoning_item(&item_id, &text, "completed");
+                    out.push(ev(
+                        "response.output_item.done",
+                        json!({"output_index": oi, "item": item.clone()}),
+                    ));
+                    output.push(item);
+                }
+            };
         loop {
             // `response.in_progress` again while a long prompt is prefilled.
             let ping = || ev("response.in_progress", json!({"response": resp.clone()}));
@@ -355,7 +426,29 @@ pub async fn create(
             };
             for e in events {
                 match e {
+                    GenEvent::Reasoning(t) => {
+                        close_msg(&mut msg, &mut output, &mut out, &mut ev);
+                        if thinking.is_none() {
+                            let item_id = format!("rs_{}", random_id(24));
+                            let oi = output.len();
+                            out.push(ev(
+                                "response.output_item.added",
+                                json!({"output_index": oi,
+                                "item": reasoning_item(&item_id, "", "in_progress")}),
+                            ));
+                            thinking = Some((oi, item_id, String::new()));
+                        }
+                        if let Some((oi, item_id, text)) = &mut thinking {
+                            text.push_str(&t);
+                            out.push(ev(
+                                "response.reasoning_text.delta",
+                                json!({"item_id": item_id, "output_index": oi,
+                                "content_index": 0, "delta": t}),
+                            ));
+                        }
+                    }
                     GenEvent::Text(t) => {
+                        close_thinking(&mut thinking, &mut output, &mut out, &mut ev);
                         if msg.is_none() {
                             let item_id = format!("msg_{}", random_id(24));
                             let oi = output.len();
@@ -381,6 +474,7 @@ pub async fn create(
                         if !parallel && index > 0 {
                             continue;
                         }
+                        close_thinking(&mut thinking, &mut output, &mut out, &mut ev);
                         close_msg(&mut msg, &mut output, &mut out, &mut ev);
                         let oi = output.len();
                         let item_id = format!("fc_{}", random_id(24));
@@ -407,15 +501,26 @@ pub async fn create(
                         ));
                         output.push(item);
                     }
-                    GenEvent::Reasoning(_) | GenEvent::Logprobs(_) => {}
-                    GenEvent::Done { stop, usage } => {
+                    GenEvent::Logprobs(_) => {}
+                    GenEvent::Done {
+                        stop,
+                        usage,
+                        reasoning_tokens,
+                    } => {
+                        close_thinking(&mut thinking, &mut output, &mut out, &mut ev);
                         close_msg(&mut msg, &mut output, &mut out, &mut ev);
                         if let Stop::Error(m) = &stop {
                             resp["status"] = json!("failed");
                             resp["error"] = json!({"code": "server_error", "message": m});
                             out.push(ev("response.failed", json!({"response": resp.clone()})));
                         } else {
-                            finish(&mut resp, &stop, &usage, std::mem::take(&mut output));
+                            finish(
+                                &mut resp,
+                                &stop,
+                                &usage,
+                                reasoning_tokens,
+                                std::mem::take(&mut output),
+                            );
                             let ty = if stop == Stop::Length {
                                 "response.incomplete"
                             } else {
@@ -474,6 +579,24 @@ mod tests {
         assert_eq!(
             tool_choice(&json!({"tool_choice": {"type": "function", "name": "f"}})).unwrap(),
             ToolChoice::Named("f".into())
+        );
+    }
+
+    #[test]
+    fn reasoning_items_and_effort() {
+        let v = json!({"input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "reasoning", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "Call the tool."}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "18C"}]});
+        let m = to_messages(&v).unwrap();
+        assert_eq!(m[1]["reasoning_content"], "Call the tool.");
+        assert_eq!(m[1]["tool_calls"][0]["id"], "c1");
+        let item = reasoning_item("rs_1", "Hmm.", "completed");
+        assert_eq!(
+            item["content"][0],
+            json!({"type": "reasoning_text", "text": "Hmm."})
         );
     }
 }

@@ -38,6 +38,17 @@ struct Caps {
     object_arguments: bool,
 }
 
+/// Per-request template inputs beyond the messages and tools.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TemplateOptions {
+    /// The template's `enable_thinking`; `None` renders with llama-server's
+    /// default for a template that supports thinking (`true`).
+    pub enable_thinking: Option<bool>,
+    /// More template variables (`chat_template_kwargs`): set after the
+    /// standard ones, so they override them, as llama.cpp does.
+    pub kwargs: Map<String, Json>,
+}
+
 /// A compiled chat template plus the BOS/EOS strings it sees.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -48,6 +59,9 @@ pub struct ChatTemplate {
     strip_bos: bool,
     strip_eos: bool,
     caps: Caps,
+    /// The markup around an assistant turn's reasoning, e.g. `("<think>\n",
+    /// "\n</think>\n\n")`, when the template renders `reasoning_content`.
+    reasoning: Option<(String, String)>,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -71,14 +85,20 @@ impl ChatTemplate {
         if src.is_empty() {
             return Ok(None);
         }
+        Self::for_tokenizer(src, tok).map(Some)
+    }
+
+    /// Compiles `source` with `tok`'s BOS/EOS text (a template given in place
+    /// of the model's, like llama-server's `--chat-template-file`).
+    pub fn for_tokenizer(source: &str, tok: &Tokenizer) -> Result<Self, TokenizerError> {
         let piece = |id: Option<u32>| {
             id.map(|i| String::from_utf8_lossy(tok.token_piece(i, true)).into_owned())
                 .unwrap_or_default()
         };
-        let mut t = Self::new(src, &piece(tok.bos()), &piece(tok.eos()))?;
+        let mut t = Self::new(source, &piece(tok.bos()), &piece(tok.eos()))?;
         t.strip_bos = tok.add_bos();
         t.strip_eos = tok.add_eos();
-        Ok(Some(t))
+        Ok(t)
     }
 
     /// Compiles `source`; syntax errors carry the template line.
@@ -115,8 +135,10 @@ impl ChatTemplate {
                 tool_calls: true,
                 object_arguments: false,
             },
+            reasoning: None,
         };
         t.caps = t.probe_caps();
+        t.reasoning = t.probe_reasoning();
         Ok(t)
     }
 
@@ -126,14 +148,7 @@ impl ChatTemplate {
         if let Some(t) = Self::from_gguf(f, tok)? {
             return Ok(t);
         }
-        let piece = |id: Option<u32>| {
-            id.map(|i| String::from_utf8_lossy(tok.token_piece(i, true)).into_owned())
-                .unwrap_or_default()
-        };
-        let mut t = Self::new(CHATML_SOURCE, &piece(tok.bos()), &piece(tok.eos()))?;
-        t.strip_bos = tok.add_bos();
-        t.strip_eos = tok.add_eos();
-        Ok(t)
+        Self::for_tokenizer(CHATML_SOURCE, tok)
     }
 
     /// The ChatML template llama.cpp falls back to when a model has none.
@@ -182,6 +197,23 @@ impl ChatTemplate {
         tools: Option<&[Json]>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with(
+            messages,
+            tools,
+            add_generation_prompt,
+            &TemplateOptions::default(),
+        )
+    }
+
+    /// [`Self::render`] with per-request template options (thinking on/off,
+    /// `chat_template_kwargs`).
+    pub fn render_with(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+        add_generation_prompt: bool,
+        opts: &TemplateOptions,
+    ) -> Result<String, TokenizerError> {
         let mut msgs = self.normalize_messages(messages)?;
         let tools = tools.map(normalize_tools).transpose()?.unwrap_or_default();
         let continued = match msgs.last() {
@@ -189,21 +221,35 @@ impl ChatTemplate {
             _ => None,
         };
         match continued {
-            None => self.apply(&msgs, &tools, add_generation_prompt),
+            None => self.apply(&msgs, &tools, add_generation_prompt, opts),
             Some(last) => {
-                let without = self.apply(&msgs, &tools, false)?;
-                let with = self.apply(&msgs, &tools, true)?;
+                let without = self.apply(&msgs, &tools, false, opts)?;
+                let with = self.apply(&msgs, &tools, true, opts)?;
                 let common = without
                     .bytes()
                     .zip(with.bytes())
                     .take_while(|(a, b)| a == b)
                     .count();
                 let mut out = without;
-                out.push_str(&String::from_utf8_lossy(&with.as_bytes()[common..]));
-                let reasoning_only = last["content"].as_str().is_some_and(str::is_empty)
-                    && last["reasoning_content"]
-                        .as_str()
-                        .is_some_and(|r| !r.is_empty());
+                let generation = String::from_utf8_lossy(&with.as_bytes()[common..]);
+                let reasoning = last["reasoning_content"].as_str().unwrap_or("");
+                let reasoning_only =
+                    last["content"].as_str().is_some_and(str::is_empty) && !reasoning.is_empty();
+                match &self.reasoning {
+                    // llama.cpp rebuilds the turn's start: the generation prompt up
+                    // to its reasoning markup, then the message's own reasoning
+                    // (left open when there is nothing else to continue).
+                    Some((start, end)) => {
+                        let cut = generation.find(start.as_str()).unwrap_or(generation.len());
+                        out.push_str(&generation[..cut]);
+                        out.push_str(start);
+                        out.push_str(reasoning);
+                        if !reasoning_only {
+                            out.push_str(end);
+                        }
+                    }
+                    None => out.push_str(&generation),
+                }
                 if !reasoning_only {
                     out.push_str(&content_text(&last["content"], "\n\n"));
                 }
@@ -222,7 +268,12 @@ impl ChatTemplate {
     ) -> Result<String, TokenizerError> {
         let msgs = self.normalize_messages(messages)?;
         let tools = tools.map(normalize_tools).transpose()?.unwrap_or_default();
-        self.apply(&msgs, &tools, add_generation_prompt)
+        self.apply(
+            &msgs,
+            &tools,
+            add_generation_prompt,
+            &TemplateOptions::default(),
+        )
     }
 
     /// One template run (llama.cpp's `common_chat_template_direct_apply`).
@@ -231,12 +282,16 @@ impl ChatTemplate {
         messages: &[Json],
         tools: &[Json],
         add_generation_prompt: bool,
+        opts: &TemplateOptions,
     ) -> Result<String, TokenizerError> {
         let mut ctx = Map::new();
         ctx.insert("messages".into(), Json::Array(messages.to_vec()));
         ctx.insert("bos_token".into(), Json::String(self.bos_token.clone()));
         ctx.insert("eos_token".into(), Json::String(self.eos_token.clone()));
-        ctx.insert("enable_thinking".into(), Json::Bool(true));
+        ctx.insert(
+            "enable_thinking".into(),
+            Json::Bool(opts.enable_thinking.unwrap_or(true)),
+        );
         if !tools.is_empty() {
             ctx.insert("tools".into(), Json::Array(tools.to_vec()));
         }
@@ -246,6 +301,9 @@ impl ChatTemplate {
             "date_string".into(),
             Json::String(strftime(&now, "%d %b %Y")),
         );
+        for (k, v) in &opts.kwargs {
+            ctx.insert(k.clone(), v.clone());
+        }
         if add_generation_prompt {
             ctx.insert("add_generation_prompt".into(), Json::Bool(true));
         }
@@ -310,6 +368,42 @@ impl ChatTemplate {
             }
         }
         Ok(out)
+    }
+
+    /// The markup the template puts around an assistant turn's
+    /// `reasoning_content` (what llama.cpp's template analysis calls the
+    /// reasoning start and end): found by rendering a reasoned answer and
+    /// taking the text from the opening tag (the closing tag without its `/`)
+    /// to the reasoning, and from the reasoning to the answer.
+    fn probe_reasoning(&self) -> Option<(String, String)> {
+        const R: &str = "REASONING_MARKER_c9f1";
+        const C: &str = "CONTENT_MARKER_c9f1";
+        let s = self
+            .run(Value::from_serialize(json!({
+                "messages": [
+                    {"role": "user", "content": "User message"},
+                    {"role": "assistant", "content": C, "reasoning_content": R},
+                ],
+                "bos_token": "",
+                "eos_token": "",
+                "enable_thinking": true,
+            })))
+            .ok()?;
+        let (r, c) = (s.find(R)?, s.find(C)?);
+        let end = s.get(r + R.len()..c)?;
+        let close = end.trim();
+        let open = format!("<{}", close.strip_prefix("</")?);
+        let start = &s[s[..r].rfind(&open)?..r];
+        Some((start.to_string(), end.to_string()))
+    }
+
+    /// The markup around an assistant turn's reasoning when the template
+    /// renders `reasoning_content`: (start, end), e.g. `("<think>\n",
+    /// "\n</think>\n\n")`.
+    pub fn reasoning_markup(&self) -> Option<(&str, &str)> {
+        self.reasoning
+            .as_ref()
+            .map(|(s, e)| (s.as_str(), e.as_str()))
     }
 
     /// Finds out how the template uses its inputs by rendering probes

@@ -39,7 +39,7 @@ mod tokenizer;
 mod unicode;
 mod unicode_table;
 
-pub use chat::ChatTemplate;
+pub use chat::{ChatTemplate, TemplateOptions};
 pub use stream::StreamDecoder;
 pub use tokenizer::{SpecialTokenIds, Tokenizer, TokenizerConfig, TokenizerKind};
 

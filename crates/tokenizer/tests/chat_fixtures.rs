@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::{clip, fixtures_dir, load_fixture, open_model, MODELS};
-use tempo9_tokenizer::{ChatTemplate, Tokenizer};
+use common::{clip, fixtures_dir, load_fixture, open_model, vocab_file, MODELS};
+use tempo9_tokenizer::{ChatTemplate, TemplateOptions, Tokenizer};
 
 fn check_model(dir: &str, file: &str, require_fixture: bool) {
     if !require_fixture && !fixtures_dir().join(dir).join("chat.json").exists() {
@@ -82,4 +82,95 @@ fn qwen25_coder_chat_matches_llama_cpp() {
 #[test]
 fn gemma3_chat_matches_llama_cpp() {
     check_model(MODELS[2].0, MODELS[2].1, false);
+}
+
+/// A template recorded without its model (`tests/fixtures/<dir>/chat.json`,
+/// `make_fixtures.py --only templates`), read from the vocab cache, with the
+/// request's thinking switch and `chat_template_kwargs`.
+fn check_template(dir: &str) {
+    let fixture = load_fixture(dir, "chat.json");
+    let file = fixture["template_file"].as_str().expect("template_file");
+    let Some(path) = vocab_file(&format!("templates/{file}")) else {
+        return;
+    };
+    let source = std::fs::read_to_string(&path).expect("template");
+    assert_eq!(
+        Some(source.as_str()),
+        fixture["chat_template"].as_str(),
+        "{dir}: {} is not the template the fixture was recorded with",
+        path.display()
+    );
+    let props = &fixture["server"]["props"];
+    let tmpl = ChatTemplate::new(
+        &source,
+        props["bos_token"].as_str().unwrap_or(""),
+        props["eos_token"].as_str().unwrap_or(""),
+    )
+    .expect("template compiles");
+    let caps = &props["chat_template_caps"];
+    assert_eq!(
+        Some(tmpl.uses_object_arguments()),
+        caps["supports_object_arguments"].as_bool(),
+        "{dir}: object arguments cap"
+    );
+    assert_eq!(
+        Some(tmpl.supports_system_role()),
+        caps["supports_system_role"].as_bool(),
+        "{dir}: system role cap"
+    );
+
+    let cases = fixture["cases"].as_array().expect("cases");
+    let mut failures = Vec::new();
+    let mut thinking_off = 0;
+    for case in cases {
+        let name = case["name"].as_str().unwrap_or("?");
+        let messages = case["messages"].as_array().expect("messages");
+        let tools = case["tools"].as_array().map(Vec::as_slice);
+        let agp = case["add_generation_prompt"].as_bool().unwrap_or(true);
+        let extra = &case["request_extra"];
+        let mut opts = TemplateOptions::default();
+        if let Some(kw) = extra["chat_template_kwargs"].as_object() {
+            opts.kwargs = kw.clone();
+            opts.enable_thinking = kw.get("enable_thinking").and_then(|v| v.as_bool());
+        }
+        // llama-server: `reasoning_effort: "none"` turns thinking off.
+        if extra["reasoning_effort"] == "none" {
+            opts.enable_thinking = Some(false);
+        }
+        if opts.enable_thinking == Some(false) {
+            thinking_off += 1;
+        }
+        let got = tmpl.render_with(messages, tools, agp, &opts);
+        match (got, case["rendered"].as_str(), case["error"].as_str()) {
+            (Ok(got), Some(want), _) if got == want => {}
+            (Ok(got), Some(want), _) => failures.push(format!(
+                "{name}: want {}\n      got  {}",
+                clip(&want[want.len().saturating_sub(300)..]),
+                clip(&got[got.len().saturating_sub(300)..])
+            )),
+            (Err(_), None, Some(_)) => {}
+            (Err(e), _, _) => failures.push(format!("{name}: error {e}")),
+            (Ok(_), None, want) => failures.push(format!("{name}: rendered, llama.cpp: {want:?}")),
+        }
+    }
+    assert!(thinking_off >= 3, "{dir}: too few thinking-off cases");
+    eprintln!(
+        "{dir}: {}/{} chat cases match",
+        cases.len() - failures.len(),
+        cases.len()
+    );
+    for f in &failures {
+        eprintln!("  {f}");
+    }
+    assert!(failures.is_empty(), "{dir}: {} mismatches", failures.len());
+}
+
+#[test]
+fn qwen3_template_matches_llama_cpp() {
+    check_template("qwen3-template");
+}
+
+#[test]
+fn qwen35_template_matches_llama_cpp() {
+    check_template("qwen35-template");
 }

@@ -12,6 +12,7 @@ mod harmony;
 mod llama3;
 mod mistral;
 mod qwen;
+pub mod think;
 
 use serde_json::Value;
 
@@ -20,6 +21,7 @@ pub use harmony::HarmonyParser;
 pub use llama3::Llama3Parser;
 pub use mistral::MistralParser;
 pub use qwen::QwenParser;
+pub use think::ThinkParser;
 
 /// How a model family writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +169,11 @@ pub trait ToolParser: Send {
     /// End of output: flushes held text; unfinished markup that still parses
     /// becomes a call, otherwise it comes back as text.
     fn finish(&mut self, out: &mut Vec<Piece>);
+    /// Whether the output is inside reasoning now (the next delta's tokens
+    /// count as reasoning tokens).
+    fn in_reasoning(&self) -> bool {
+        false
+    }
 }
 
 /// Passes text through unchanged.

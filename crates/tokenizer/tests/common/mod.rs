@@ -62,3 +62,30 @@ pub fn clip(s: &str) -> String {
     let s: String = s.chars().take(120).collect();
     format!("{s:?}")
 }
+
+/// `$TEMPO9_VOCAB` or `~/.cache/tempo9/vocab`: llama.cpp's vocab-only GGUFs
+/// (with their `.inp`/`.out` test vectors) and, in `templates/`, its chat
+/// templates (`scripts/fetch-models.sh vocab`).
+pub fn vocab_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TEMPO9_VOCAB") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").expect("HOME is set");
+    PathBuf::from(home).join(".cache/tempo9/vocab")
+}
+
+/// A file under [`vocab_dir`]; `None` (after a loud message) when it is
+/// missing: `scripts/fetch-models.sh vocab` puts it there.
+pub fn vocab_file(rel: &str) -> Option<PathBuf> {
+    let path = vocab_dir().join(rel);
+    if path.exists() {
+        return Some(path);
+    }
+    eprintln!(
+        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+         !! SKIPPED: {} is missing: run scripts/fetch-models.sh vocab\n\
+         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n",
+        path.display()
+    );
+    None
+}
