@@ -59,6 +59,11 @@ MODELS = {
     "smollm2": "smollm2-135m-instruct-q4_1.gguf",
     "qwen2.5-coder": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     "gemma3": "gemma-3-270m-q4_k_m.gguf",
+    # Synthetic Qwen3.5-MoE files (scripts/synth-models.py writes the tiny one; the
+    # 4-layer 35B-A3B shape: `tempo9 synth-gguf --preset qwen3.5-35b-a3b --layers 4
+    # --quant q4_k --unique-mib 4`).
+    "qwen35moe-tiny": "qwen35moe-tiny.gguf",
+    "qwen35moe-a3b-4l": "qwen35moe-35b-a3b-4layers-q4_k.gguf",
     "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
 }
 

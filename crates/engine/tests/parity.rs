@@ -588,4 +588,3 @@ fn parity_qwen35_tiny_matches_llama_cpp_alone_and_batched() {
 fn parity_qwen35moe_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[3].0, SYNTH_MODELS[3].1);
 }
-

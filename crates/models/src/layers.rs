@@ -194,7 +194,12 @@ impl<'a> Builder<'a> {
 
     /// The row groups a matmul of `n_rows` rows by a weight of type `dtype`
     /// (`repacked` into a CPU layout) runs as, one matmul each (see [`Self::linear`]).
-    pub(crate) fn row_groups(&self, n_rows: usize, repacked: bool, dtype: DType) -> Vec<(usize, usize)> {
+    pub(crate) fn row_groups(
+        &self,
+        n_rows: usize,
+        repacked: bool,
+        dtype: DType,
+    ) -> Vec<(usize, usize)> {
         // Row ranges: per sequence on all tokens (a prompt chunk or one decode row),
         // or (after `select_outputs`) one output row per sequence.
         let spans: Vec<(usize, usize)> = if n_rows == self.inp.n_tokens {

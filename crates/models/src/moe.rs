@@ -54,7 +54,7 @@ impl<'a> Builder<'a> {
     /// decode rows together): `mul_mat_id` picks its kernels by how many rows go to
     /// each expert, so a sequence's numbers then depend on its step's other rows no
     /// more than a dense layer's do.
-    pub fn moe_ffn(&self, l: &MoeWeights, x: Tensor<'a>) -> Tensor<'a> {
+    pub fn moe_ffn(&mut self, l: &MoeWeights, x: Tensor<'a>) -> Tensor<'a> {
         let ctx = self.ctx;
         let logits = self.linear(l.router, x, None); // [n_expert, n_t]
         let n_t = x.ne()[1] as usize;
@@ -64,10 +64,10 @@ impl<'a> Builder<'a> {
             true => t,
             false => ctx.view(t, &[t.ne()[0], n as i64], &[t.nb()[1]], start * t.nb()[1]),
         };
-        let parts: Vec<Tensor<'a>> = groups
-            .iter()
-            .map(|&(start, n)| self.routed(l, rows(x, start, n), rows(logits, start, n)))
-            .collect();
+        let mut parts: Vec<Tensor<'a>> = Vec::with_capacity(groups.len());
+        for &(start, n) in &groups {
+            parts.push(self.routed(l, rows(x, start, n), rows(logits, start, n)));
+        }
         let out = self.concat_all(parts, 1);
         let Some([sg, su, sd, sgate]) = l.shared else {
             return out;
@@ -78,7 +78,7 @@ impl<'a> Builder<'a> {
     }
 
     /// The routed experts' weighted sum for rows `x` with router logits `logits`.
-    fn routed(&self, l: &MoeWeights, x: Tensor<'a>, logits: Tensor<'a>) -> Tensor<'a> {
+    fn routed(&mut self, l: &MoeWeights, x: Tensor<'a>, logits: Tensor<'a>) -> Tensor<'a> {
         let (ctx, hp) = (self.ctx, self.hp);
         let moe = hp.moe.expect("a MoE model has expert shapes");
         let (n_embd, n_t) = (x.ne()[0], x.ne()[1]);
@@ -90,17 +90,30 @@ impl<'a> Builder<'a> {
         // 2^-14, the smallest normal F16, as llama.cpp clamps it.
         let sum = ctx.clamp(ctx.sum_rows(w), 2f32.powi(-14), f32::INFINITY);
         let w = ctx.reshape(ctx.div(w, sum), &[1, k, n_t]);
+        // Routing ops into the graph now, in llama.cpp's order: the CUDA backend
+        // fuses softmax, top-k, gather and renormalisation into one kernel only
+        // when they are consecutive nodes.
+        self.graph.expand(w);
         let x3 = ctx.reshape(x, &[n_embd, 1, n_t]);
         let up = ctx.mul_mat_id(self.wt(l.up), x3, sel); // [n_ff_exp, k, n_t]
         let gate = ctx.mul_mat_id(self.wt(l.gate), x3, sel);
         let act = ctx.swiglu_split(gate, up);
         let e = ctx.mul(ctx.mul_mat_id(self.wt(l.down), act, sel), w); // [n_embd, k, n_t]
-        // Sum over the chosen experts in order, as llama.cpp adds them.
+                                                                       // Sum over the chosen experts in order, as llama.cpp adds them.
         let nb = e.nb();
-        let expert = |j: i64| ctx.view(e, &[n_embd, n_t], &[nb[2]], j as usize * nb[1]);
-        let mut out = expert(0);
-        for j in 1..k {
-            out = ctx.add(out, expert(j));
+        // The weighted outputs, then every expert's view, then the adds (the order
+        // the CUDA backend fuses into one add).
+        self.graph.expand(e);
+        let views: Vec<Tensor<'a>> = (0..k)
+            .map(|j| {
+                let v = ctx.view(e, &[n_embd, n_t], &[nb[2]], j as usize * nb[1]);
+                self.graph.expand(v);
+                v
+            })
+            .collect();
+        let mut out = views[0];
+        for &v in &views[1..] {
+            out = ctx.add(out, v);
         }
         if k == 1 {
             out = ctx.cont(out);

@@ -36,7 +36,7 @@ impl Ffn {
     }
 
     /// The feed-forward of the normed input `x`.
-    pub fn build<'a>(&self, b: &Builder<'a>, x: Tensor<'a>) -> Tensor<'a> {
+    pub fn build<'a>(&self, b: &mut Builder<'a>, x: Tensor<'a>) -> Tensor<'a> {
         match self {
             Ffn::Dense { gate, up, down } => b.gated_ffn(x, *gate, *up, *down, false),
             Ffn::Moe(m) => b.moe_ffn(m, x),
@@ -109,7 +109,8 @@ impl Qwen3 {
                 residual = b.select_outputs(residual);
             }
             let h = b.ctx.add(a, residual);
-            let f = l.ffn.build(b, b.rms_norm(h, l.ffn_norm));
+            let h2 = b.rms_norm(h, l.ffn_norm);
+            let f = l.ffn.build(b, h2);
             x = b.ctx.add(f, h);
         }
         let x = b.rms_norm(x, self.emb.output_norm);

@@ -90,7 +90,8 @@ impl Qwen35 {
                 Mixer::Linear(dn) => b.delta_net(il, dn, h),
             };
             let r = b.ctx.add(a, x);
-            let f = l.ffn.build(b, b.rms_norm(r, l.post_norm));
+            let h2 = b.rms_norm(r, l.post_norm);
+            let f = l.ffn.build(b, h2);
             x = b.ctx.add(f, r);
         }
         // Rows are picked after the final norm, as llama.cpp does for this model
