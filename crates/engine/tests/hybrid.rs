@@ -1,0 +1,134 @@
+//! A hybrid model (Qwen3.5: gated-DeltaNet layers with a recurrent state, gated
+//! attention every fourth layer) in the engine, on the synthetic `qwen35-tiny` file:
+//! every running request owns a state slot, counted in the KV budget and freed when
+//! it ends or is preempted; a preempted request recomputes from its prompt and
+//! yields what it yields alone; a repeated prompt is not a prefix hit (no state
+//! checkpoint can restore it yet).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tempo9_engine::{EngineConfig, EngineCore, Request};
+use tempo9_models::Model;
+use tempo9_tokenizer::Tokenizer;
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn qwen35() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
+    let model = load(SYNTH_MODELS[2].1)?;
+    let tok = tokenizer(&model);
+    Some((model, tok))
+}
+
+/// Batch-invariant numbers (outputs are compared bit for bit across batch
+/// compositions), two threads, `kv_bytes` of KV memory, `max_running` requests.
+fn core(
+    model: &Arc<Model>,
+    tok: &Arc<Tokenizer>,
+    kv_bytes: usize,
+    max_running: usize,
+) -> EngineCore {
+    let config = EngineConfig {
+        deterministic: true,
+        threads: 2,
+        kv_budget_bytes: Some(kv_bytes),
+        max_running,
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model.clone(), tok.clone(), config).expect("engine")
+}
+
+fn greedy(prompt: Vec<u32>, n: usize) -> Request {
+    let mut r = Request::new(prompt, n);
+    r.stop.eog = false;
+    r
+}
+
+/// Prompts of 40 to 300 tokens (ids from the vocabulary's ordinary range).
+fn prompts() -> Vec<Vec<u32>> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    [40usize, 300, 75, 130, 64, 210]
+        .iter()
+        .map(|&n| (0..n).map(|_| 100 + rng.below(20_000) as u32).collect())
+        .collect()
+}
+
+#[test]
+fn state_slots_are_counted_freed_and_preemption_recomputes() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = qwen35() else { return };
+    let ps = prompts();
+    let alone: Vec<Output> = ps
+        .iter()
+        .map(|p| {
+            let mut c = core(&model, &tok, 64 << 20, 8);
+            run_batch(&mut c, vec![greedy(p.clone(), 24)]).remove(0)
+        })
+        .collect();
+
+    // One slot per running request, in the budget; all free again when idle.
+    let mut c = core(&model, &tok, 64 << 20, 8);
+    let st = c.stats();
+    let ssm = model.hparams().ssm.expect("hybrid");
+    let recurrent_layers = model.hparams().is_recurrent.iter().filter(|&&r| r).count();
+    assert_eq!(st.recurrent.n_slots, 8);
+    assert_eq!(
+        st.state_slot_bytes,
+        recurrent_layers * 4 * (ssm.conv_state_len() + ssm.ssm_state_len())
+    );
+    let out = run_batch(&mut c, ps.iter().map(|p| greedy(p.clone(), 24)).collect());
+    for (i, (o, a)) in out.iter().zip(&alone).enumerate() {
+        assert_eq!(o.tokens, a.tokens, "batched: prompt {i} differs from alone");
+    }
+    let st = c.stats();
+    assert_eq!(
+        (st.recurrent.live, st.recurrent.free),
+        (0, 8),
+        "{:?}",
+        st.recurrent
+    );
+    assert_eq!(st.kv_pages_used, 0);
+
+    // The same prompt again: no prefix hit (its state cannot be restored).
+    let again = run_batch(&mut c, vec![greedy(ps[1].clone(), 24)]).remove(0);
+    assert_eq!(again.finish.usage.cached_tokens, 0);
+    assert_eq!(again.tokens, alone[1].tokens);
+
+    // A budget of the states plus 8 pages (the 300-token prompt needs 5 with its
+    // output): later requests are preempted and recompute from their prompts.
+    let page_bytes = st.page_bytes;
+    let mut tight = core(&model, &tok, 4 * st.state_slot_bytes + 8 * page_bytes, 4);
+    let out = run_batch(
+        &mut tight,
+        ps.iter().map(|p| greedy(p.clone(), 24)).collect(),
+    );
+    let preempted: u32 = out.iter().map(|o| o.finish.usage.preemptions).sum();
+    assert!(preempted > 0, "the tight pool should force preemption");
+    for (i, (o, a)) in out.iter().zip(&alone).enumerate() {
+        assert_eq!(
+            o.tokens, a.tokens,
+            "preempted run: prompt {i} differs from alone"
+        );
+    }
+    assert_eq!(tight.stats().recurrent.live, 0);
+    eprintln!("{preempted} preemptions, all outputs identical to alone");
+}
+
+/// A budget below the running requests' states is a configuration error.
+#[test]
+fn a_budget_below_the_states_is_refused() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = qwen35() else { return };
+    let config = EngineConfig {
+        kv_budget_bytes: Some(100_000),
+        max_running: 8,
+        ..EngineConfig::default()
+    };
+    let err = EngineCore::new(model, tok, config)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("recurrent states"), "{err}");
+}
