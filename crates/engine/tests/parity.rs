@@ -466,8 +466,10 @@ fn check_batched(
 ) {
     // The synthetic files (random weights) turn rounding into larger logprob moves
     // than the real models: llama.cpp's own output on qwen35-tiny moves by up to 0.023
-    // nats with its batch size alone (see LOGPROB_TOL_HYBRID).
-    let tie: f32 = if dir.ends_with("-tiny") { 0.05 } else { 0.02 };
+    // nats with its batch size alone (see LOGPROB_TOL_HYBRID), its CPU and CUDA runs
+    // of these files by up to 0.68, and forced decodes of qwen35moe-tiny batched with
+    // three others (experts picked for several rows at once) by up to 0.091 here.
+    let tie: f32 = if dir.ends_with("-tiny") { 0.15 } else { 0.02 };
     let mut ties = Vec::new();
     for chunk in (0..cases.len()).collect::<Vec<_>>().chunks(4) {
         let reqs: Vec<Request> = chunk.iter().map(|&i| make(&cases[i], 2)).collect();
