@@ -33,11 +33,19 @@ const CONV: usize = 4;
 
 /// The tiny Qwen3.5-MoE; `tweak` may change metadata, `skip` leaves a tensor out.
 fn tiny(tweak: impl FnOnce(&mut Writer), skip: Option<&str>) -> Vec<u8> {
+    tiny_mtp(false, tweak, skip)
+}
+
+/// [`tiny`], with one trailing MTP block when `mtp` (the trunk's weights unchanged).
+fn tiny_mtp(mtp: bool, tweak: impl FnOnce(&mut Writer), skip: Option<&str>) -> Vec<u8> {
     let a = "qwen35moe";
     let mut w = Writer::new(a);
     let k = |s: &str| format!("{a}.{s}");
     w.u32(&k("embedding_length"), E as u32);
-    w.u32(&k("block_count"), LAYERS as u32);
+    w.u32(&k("block_count"), (LAYERS + usize::from(mtp)) as u32);
+    if mtp {
+        w.u32(&k("nextn_predict_layers"), 1);
+    }
     w.u32(&k("attention.head_count"), HEADS as u32);
     w.u32(&k("attention.head_count_kv"), KV_HEADS as u32);
     w.u32(&k("attention.key_length"), HD as u32);
@@ -102,6 +110,35 @@ fn tiny(tweak: impl FnOnce(&mut Writer), skip: Option<&str>) -> Vec<u8> {
         add(&mut w, &n("ffn_up_shexp.weight"), &[E, FF_EXP]);
         add(&mut w, &n("ffn_down_shexp.weight"), &[FF_EXP, E]);
         add(&mut w, &n("ffn_gate_inp_shexp.weight"), &[E]);
+    }
+    if mtp {
+        // The converter's MTP block: a gated-attention block with the experts, plus
+        // the projection of (embedding ; hidden state) and its norms.
+        let n = |s: &str| format!("blk.{LAYERS}.{s}");
+        for (name, shape) in [
+            ("nextn.eh_proj.weight", vec![2 * E, E]),
+            ("nextn.enorm.weight", vec![E]),
+            ("nextn.hnorm.weight", vec![E]),
+            ("nextn.shared_head_norm.weight", vec![E]),
+            ("attn_norm.weight", vec![E]),
+            ("post_attention_norm.weight", vec![E]),
+            ("attn_q.weight", vec![E, 2 * HEADS * HD]),
+            ("attn_k.weight", vec![E, KV_HEADS * HD]),
+            ("attn_v.weight", vec![E, KV_HEADS * HD]),
+            ("attn_q_norm.weight", vec![HD]),
+            ("attn_k_norm.weight", vec![HD]),
+            ("attn_output.weight", vec![HEADS * HD, E]),
+            ("ffn_gate_inp.weight", vec![E, EXPERTS]),
+            ("ffn_gate_exps.weight", vec![E, FF_EXP, EXPERTS]),
+            ("ffn_up_exps.weight", vec![E, FF_EXP, EXPERTS]),
+            ("ffn_down_exps.weight", vec![FF_EXP, E, EXPERTS]),
+            ("ffn_gate_shexp.weight", vec![E, FF_EXP]),
+            ("ffn_up_shexp.weight", vec![E, FF_EXP]),
+            ("ffn_down_shexp.weight", vec![FF_EXP, E]),
+            ("ffn_gate_inp_shexp.weight", vec![E]),
+        ] {
+            add(&mut w, &n(name), &shape);
+        }
     }
     w.finish()
 }
@@ -405,4 +442,37 @@ fn malformed_files_name_the_key_or_tensor() {
         None,
     ));
     assert!(e.contains("full_attention_interval"), "{e}");
+}
+
+/// A file with an MTP block loads it (a missing tensor of it is named), keeps it out
+/// of the trunk (4 layers, same cache groups) and computes what the file without it
+/// computes.
+#[test]
+fn mtp_blocks_load_and_leave_the_trunk_alone() {
+    let plain = load(tiny(|_| {}, None)).expect("load");
+    let with = load(tiny_mtp(true, |_| {}, None)).expect("load with MTP");
+    assert_eq!(
+        (with.hparams().n_layer, with.hparams().n_nextn),
+        (LAYERS, 1)
+    );
+    assert_eq!(with.cache_groups(false), plain.cache_groups(false));
+    let run = |m: &Arc<Model>| {
+        let kv = new_kv(m);
+        step(
+            m,
+            &kv,
+            &[Part {
+                tokens: &PROMPT,
+                start: 0,
+                base: 0,
+                slot: 0,
+            }],
+        )
+    };
+    assert_eq!(run(&with), run(&plain));
+    let e = load(tiny_mtp(true, |_| {}, Some("blk.4.nextn.eh_proj.weight")))
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("blk.4.nextn.eh_proj.weight"), "{e}");
 }

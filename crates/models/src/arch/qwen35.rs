@@ -3,7 +3,7 @@
 //! ([`crate::deltanet`]), and every n-th layer gated full attention: the query
 //! projection also yields a per-channel output gate, Q and K get per-head RMSNorm,
 //! and multi-section rope turns only the first quarter of each head. MTP
-//! ("nextn") blocks at the end of the file are not part of this graph.
+//! ("nextn") blocks at the end of the file are loaded but not part of this graph.
 
 use tempo9_ggml::Tensor;
 use tempo9_gguf::GgufFile;
@@ -25,6 +25,65 @@ struct GatedAttn {
     wo: WeightId,
 }
 
+impl GatedAttn {
+    /// Declares block `il`'s gated attention.
+    fn declare(hp: &HParams, specs: &mut SpecList, il: usize) -> GatedAttn {
+        let (e, hd) = (hp.n_embd, hp.head_dim);
+        let n = |s: &str| format!("blk.{il}.{s}");
+        GatedAttn {
+            wq: specs.add(n("attn_q.weight"), &[e, 2 * hp.n_head * hd], MatMul),
+            wk: specs.add(n("attn_k.weight"), &[e, hp.n_embd_k()], MatMul),
+            wv: specs.add(n("attn_v.weight"), &[e, hp.n_embd_v()], MatMul),
+            q_norm: specs.add(n("attn_q_norm.weight"), &[hd], Elementwise),
+            k_norm: specs.add(n("attn_k_norm.weight"), &[hd], Elementwise),
+            wo: specs.add(
+                n("attn_output.weight"),
+                &[hp.n_head * hp.head_dim_v, e],
+                MatMul,
+            ),
+        }
+    }
+}
+
+/// A multi-token-prediction ("nextn") block: loaded and checked with the model,
+/// not part of its graph. Speculative decoding runs it as a draft: the embedding
+/// of the next token and the trunk's last hidden state, each normed, projected
+/// together, then one gated-attention block.
+#[allow(dead_code)] // The draft graph comes with speculative decoding.
+struct MtpBlock {
+    /// `[2 * n_embd, n_embd]` over (embedding ; hidden state).
+    eh_proj: WeightId,
+    enorm: WeightId,
+    hnorm: WeightId,
+    /// Its own final norm, when the file has one (else the model's).
+    shared_head_norm: Option<WeightId>,
+    attn_norm: WeightId,
+    attn: GatedAttn,
+    post_norm: WeightId,
+    ffn: Ffn,
+}
+
+impl MtpBlock {
+    fn declare(hp: &HParams, file: &GgufFile, specs: &mut SpecList, il: usize) -> MtpBlock {
+        let e = hp.n_embd;
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let shared = n("nextn.shared_head_norm.weight");
+        MtpBlock {
+            eh_proj: specs.add(n("nextn.eh_proj.weight"), &[2 * e, e], MatMul),
+            enorm: specs.add(n("nextn.enorm.weight"), &[e], Elementwise),
+            hnorm: specs.add(n("nextn.hnorm.weight"), &[e], Elementwise),
+            shared_head_norm: file
+                .tensor(&shared)
+                .is_some()
+                .then(|| specs.add(shared, &[e], Elementwise)),
+            attn_norm: specs.add(n("attn_norm.weight"), &[e], Elementwise),
+            attn: GatedAttn::declare(hp, specs, il),
+            post_norm: specs.add(n("post_attention_norm.weight"), &[e], Elementwise),
+            ffn: Ffn::declare(hp, specs, il),
+        }
+    }
+}
+
 /// What mixes tokens in a layer.
 enum Mixer {
     Attn(GatedAttn),
@@ -43,12 +102,16 @@ struct Layer {
 pub(crate) struct Qwen35 {
     emb: Embeddings,
     layers: Vec<Layer>,
+    /// The file's MTP blocks (`nextn_predict_layers`), after the trunk's.
+    #[allow(dead_code)] // The draft graph comes with speculative decoding.
+    mtp: Vec<MtpBlock>,
 }
 
 impl Qwen35 {
-    /// Declares the weights of the trunk (MTP blocks stay in the file unused).
+    /// Declares the weights of the trunk and of the file's MTP blocks (loaded and
+    /// checked; the step graph does not run them).
     pub fn declare(hp: &HParams, file: &GgufFile, specs: &mut SpecList) -> Qwen35 {
-        let (e, hd) = (hp.n_embd, hp.head_dim);
+        let e = hp.n_embd;
         let emb = specs.add_embeddings(file, e, hp.n_vocab);
         let layers = (0..hp.n_layer)
             .map(|i| {
@@ -56,18 +119,7 @@ impl Qwen35 {
                 let attn_norm = specs.add(n("attn_norm.weight"), &[e], Elementwise);
                 let mixer = match hp.is_recurrent[i] {
                     true => Mixer::Linear(DeltaNet::declare(hp, file, specs, i)),
-                    false => Mixer::Attn(GatedAttn {
-                        wq: specs.add(n("attn_q.weight"), &[e, 2 * hp.n_head * hd], MatMul),
-                        wk: specs.add(n("attn_k.weight"), &[e, hp.n_embd_k()], MatMul),
-                        wv: specs.add(n("attn_v.weight"), &[e, hp.n_embd_v()], MatMul),
-                        q_norm: specs.add(n("attn_q_norm.weight"), &[hd], Elementwise),
-                        k_norm: specs.add(n("attn_k_norm.weight"), &[hd], Elementwise),
-                        wo: specs.add(
-                            n("attn_output.weight"),
-                            &[hp.n_head * hp.head_dim_v, e],
-                            MatMul,
-                        ),
-                    }),
+                    false => Mixer::Attn(GatedAttn::declare(hp, specs, i)),
                 };
                 Layer {
                     attn_norm,
@@ -77,7 +129,10 @@ impl Qwen35 {
                 }
             })
             .collect();
-        Qwen35 { emb, layers }
+        let mtp = (hp.n_layer..hp.n_layer + hp.n_nextn)
+            .map(|il| MtpBlock::declare(hp, file, specs, il))
+            .collect();
+        Qwen35 { emb, layers, mtp }
     }
 
     /// Builds the step graph; returns logits `[n_vocab, n_outputs]`.
