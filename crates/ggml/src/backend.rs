@@ -742,7 +742,9 @@ impl Scheduler {
     }
 
     /// Debugging aid: after each graph node is computed, print its name, shape and the
-    /// sum of its F32 values to stderr (like llama.cpp's eval-callback tool).
+    /// sum of its F32 values to stderr (like llama.cpp's eval-callback tool); with
+    /// `TEMPO9_DUMP_VALUES` set, also the first and last three values of its first,
+    /// second and last rows (printed before the node's line).
     pub fn set_debug_dump(&mut self, on: bool) {
         unsafe extern "C" fn cb(t: *mut sys::ggml_tensor, ask: bool, _: *mut c_void) -> bool {
             if ask {

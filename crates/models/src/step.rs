@@ -147,7 +147,8 @@ impl Executor {
         cpu.set_threads(threads);
         backends.push(cpu);
         let mut sched = Scheduler::new(backends, INITIAL_SCHED_SIZE)?;
-        // TEMPO9_DUMP_TENSORS=1 prints every node's sum, to compare with llama-eval-callback.
+        // TEMPO9_DUMP_TENSORS=1 prints every node's sum, to compare with llama-eval-callback
+        // (TEMPO9_DUMP_VALUES=1: a few values of each too).
         sched.set_debug_dump(std::env::var_os("TEMPO9_DUMP_TENSORS").is_some());
         Ok(Executor {
             sched,
