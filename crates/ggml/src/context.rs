@@ -796,6 +796,15 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
+    /// Zeroes `len` bytes of the tensor's memory from byte `offset`, on its backend
+    /// (no host buffer is sent to a device).
+    pub fn zero_bytes(&self, offset: usize, len: usize) -> Result<(), GgmlError> {
+        self.check_io(offset, len)?;
+        // SAFETY: allocated tensor; range checked.
+        unsafe { sys::ggml_backend_tensor_memset(self.raw(), 0, offset, len) };
+        Ok(())
+    }
+
     /// Copies `out.len()` bytes of the tensor's memory from byte `offset` into `out`
     /// (any backend).
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), GgmlError> {

@@ -221,8 +221,13 @@ impl KvStore {
             start + n <= self.cells[group],
             "cells {start}+{n} out of range of group {group}"
         );
-        let zeros = vec![0u8; self.cells_bytes(group, n)];
-        self.write_cells(group, start, n, &zeros)
+        for &il in &self.groups[group].layers {
+            for t in [self.k(il), self.v(il)] {
+                let row = t.nb()[1];
+                t.zero_bytes(start * row, n * row)?;
+            }
+        }
+        Ok(())
     }
 
     /// Copies cells `from..from + n` of `group` over cells `to..to + n`, in every

@@ -136,7 +136,8 @@ impl EngineCore {
                 (None, full_swa),
                 &mut self.mask_buffers,
             )];
-            if let Some(slot) = self.cache.state_slot(w.id) {
+            let state_slot = self.cache.state_slot(w.id);
+            if let Some(slot) = state_slot {
                 // The recurrent group: the sequence's state slot.
                 views.push(KvView {
                     window: vec![CellRun {
@@ -169,7 +170,7 @@ impl EngineCore {
                 if sliding.is_some() {
                     b.kv_slots[1].push(w.cells.sliding[r] as i64);
                 }
-                if let Some(slot) = self.cache.state_slot(w.id) {
+                if let Some(slot) = state_slot {
                     b.kv_slots[1].push(slot as i64);
                 }
             }
