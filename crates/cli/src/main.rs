@@ -130,6 +130,20 @@ pub struct ModelArgs {
     /// parted, are always kept. 0 = only those: least memory.
     #[arg(long, value_name = "TOKENS", default_value_t = 8192)]
     pub swa_checkpoint: usize,
+    /// Hybrid models (Qwen3.5: recurrent-state layers) checkpoint a long prompt's
+    /// state every this many tokens (a multiple of --page-tokens), so a prompt that
+    /// parts from a cached one anywhere recomputes fewer than this many tokens. Prompt
+    /// ends and the points where prompts part are always checkpointed. Each
+    /// checkpoint costs one state slot (tempo9_kv_state_slot_bytes); 0 = only those.
+    #[arg(long, value_name = "TOKENS", default_value_t = 2048)]
+    pub state_checkpoint: usize,
+    /// Hybrid models also checkpoint the state after each page an answer fills, so
+    /// an agent's next turn skips recomputing the answer; that state is the one
+    /// decoding computed, so the next turn's numbers are no longer bit-identical to
+    /// computing its prompt from scratch. Off: the answer is recomputed once as part
+    /// of the next prompt.
+    #[arg(long)]
+    pub answer_state_checkpoints: bool,
     #[command(flatten)]
     pub device: device::DeviceArgs,
 }
@@ -189,6 +203,8 @@ impl ModelArgs {
             deterministic: self.deterministic,
             swa_full: self.swa_full,
             window_checkpoint_tokens: self.swa_checkpoint,
+            state_checkpoint_tokens: self.state_checkpoint,
+            answer_state_checkpoints: self.answer_state_checkpoints,
             ..EngineConfig::default()
         })
     }

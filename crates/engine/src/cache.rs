@@ -8,16 +8,17 @@
 //! a cell in every group, appends and frees go to all groups, and a prefix hit is as
 //! long as every group can serve it. Recurrent state (Qwen3.5's linear-attention
 //! layers) is the third kind: [`RecurrentStates`] keeps a state slot per sequence
-//! and state checkpoints as sidecars of the full pages, like the sliding group's
+//! and state checkpoints named by the full pages they end, like the sliding group's
 //! windows; a hit needs a checkpoint where it ends. A sequence's slot is set up
 //! (zeroed, or copied from a checkpoint) by the runner before the sequence's first
-//! step: [`KvCache::take_state_inits`].
+//! step: [`KvCache::take_state_inits`]; or, when its checkpoint is read back from
+//! the SSD tier, by the tier's loader ([`StateStart::Loaded`]).
 //!
 //! Pure bookkeeping, like its managers: the KV data lives in the model's `KvStore`,
 //! one pool of cells per group.
 
 use crate::pages::{PageError, PageId, PagePool, PoolStats, PrefixMatch, SeqId, TokenId};
-use crate::recurrent::{RecurrentStates, RecurrentStats, SlotId};
+use crate::recurrent::{RecurrentStates, RecurrentStats, SlotId, StateCopy};
 use crate::sliding::{SlidingPages, SlidingStats};
 
 /// How a new sequence's state slot starts, before its first step.
@@ -27,6 +28,18 @@ pub struct StateInit {
     pub slot: SlotId,
     /// The checkpoint slot to copy from (a prefix hit); None: zeros (from token 0).
     pub from: Option<SlotId>,
+}
+
+/// Where a new sequence's recurrent state starts (see [`KvCache::allocate_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateStart {
+    /// Zeros: computed from its first token.
+    Zero,
+    /// The cached checkpoint of this page hash (at the end of its last hit page,
+    /// or of a page read back from the SSD tier after them).
+    Checkpoint(u64),
+    /// Written by the caller (a checkpoint read back from the SSD tier).
+    Loaded,
 }
 
 /// The cells a step's tokens write, per group.
@@ -198,6 +211,13 @@ impl KvCache {
         s.min(r)
     }
 
+    /// The full-attention pages cached for `tokens`, ignoring what the other groups
+    /// can serve (a hybrid model's hit is cut at a checkpoint: this is the match a
+    /// checkpoint at its end would make whole).
+    pub fn lookup_full(&self, tokens: &[TokenId], salt: u64) -> PrefixMatch {
+        self.full.lookup_prefix(tokens, salt)
+    }
+
     /// Starts `seq` on the prefix of `tokens` every group can serve (see
     /// [`Self::lookup_prefix`]).
     pub fn allocate(
@@ -209,6 +229,29 @@ impl KvCache {
         if self.sliding.is_none() && self.recurrent.is_none() {
             return self.full.allocate(seq, tokens, salt);
         }
+        let whole = self.full.lookup_prefix(tokens, salt);
+        let k = self.usable_hit(&whole.pages);
+        let state = match k {
+            0 => StateStart::Zero,
+            k => match self.full.page_hash_of(whole.pages[k - 1]) {
+                Some(h) => StateStart::Checkpoint(h),
+                None => unreachable!("cached pages are registered"),
+            },
+        };
+        self.allocate_at(seq, tokens, salt, k, state)
+    }
+
+    /// Starts `seq` on the first `k` cached full pages of `tokens` (every group must
+    /// serve them: `k` from [`Self::lookup_prefix`], or fewer), its recurrent state
+    /// from `state` (with a recurrent group; a `Checkpoint` must be cached).
+    pub fn allocate_at(
+        &mut self,
+        seq: SeqId,
+        tokens: &[TokenId],
+        salt: u64,
+        k: usize,
+        state: StateStart,
+    ) -> Result<PrefixMatch, PageError> {
         if !self.can_start_sequence() {
             return Err(PageError::OutOfPages {
                 needed: 1,
@@ -216,7 +259,10 @@ impl KvCache {
             });
         }
         let whole = self.full.lookup_prefix(tokens, salt);
-        let k = self.usable_hit(&whole.pages);
+        assert!(
+            k <= whole.pages.len(),
+            "a hit of {k} pages beyond the match"
+        );
         // A lookup covers at most (len - 1) / page_size pages.
         let upto = if k < whole.pages.len() {
             k * self.full.page_size() + 1
@@ -229,14 +275,18 @@ impl KvCache {
             s.allocate(seq, &whole.pages, k, &self.full);
         }
         if let Some(r) = self.recurrent.as_mut() {
-            let copy = r
-                .allocate(seq, &whole.pages, k, &self.full)
-                .expect("a slot was available");
+            let from = match state {
+                StateStart::Checkpoint(h) => Some(h),
+                StateStart::Zero | StateStart::Loaded => None,
+            };
+            let copy = r.allocate(seq, from).expect("a slot was available");
             let slot = r.slot(seq).expect("just allocated");
-            self.state_inits.push(StateInit {
-                slot,
-                from: copy.map(|c| c.from),
-            });
+            if state != StateStart::Loaded {
+                self.state_inits.push(StateInit {
+                    slot,
+                    from: copy.map(|c| c.from),
+                });
+            }
         }
         Ok(m)
     }
@@ -297,6 +347,32 @@ impl KvCache {
         if let Some(s) = self.sliding.as_mut() {
             s.add_checkpoint(seq, n_tokens);
         }
+    }
+
+    /// After a step that left `seq`'s recurrent state just after `tokens` (whole
+    /// pages, the last committed): takes a checkpoint there (see
+    /// [`RecurrentStates::take_checkpoint`]); returns the copy to make now and the
+    /// checkpoint's page hash. (Its page may be an equal twin's: a prompt that
+    /// recomputed pages another one cached names them the same.)
+    pub fn take_checkpoint(&mut self, seq: SeqId, tokens: &[TokenId]) -> Option<(StateCopy, u64)> {
+        if tokens.is_empty() || !tokens.len().is_multiple_of(self.page_size()) {
+            return None;
+        }
+        let hash = self.full.chain_hash(tokens, 0);
+        let copy = self.recurrent.as_mut()?.take_checkpoint(seq, hash)?;
+        Some((copy, hash))
+    }
+
+    /// Forgets the recurrent checkpoint of page hash `hash`, if cached.
+    pub fn drop_checkpoint(&mut self, hash: u64) {
+        if let Some(r) = self.recurrent.as_mut() {
+            r.drop_checkpoint(hash);
+        }
+    }
+
+    /// The recurrent group, mutably (the SSD tier's eviction log and restores).
+    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentStates> {
+        self.recurrent.as_mut()
     }
 
     /// Ends `seq`, dropping its references in every group (see [`PagePool::free`]).

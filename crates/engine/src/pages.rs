@@ -833,6 +833,16 @@ impl PagePool {
         self.cached_run(tokens, salt, max_pages).pages
     }
 
+    /// The chained hash of the page that ends `tokens` (whole pages) under `salt`:
+    /// its name in every tier, whether or not a page with it is registered.
+    pub fn chain_hash(&self, tokens: &[TokenId], salt: u64) -> u64 {
+        let ps = self.store.page_size;
+        debug_assert!(tokens.len().is_multiple_of(ps));
+        tokens
+            .chunks_exact(ps)
+            .fold(ROOT_HASH, |h, t| (self.store.hasher)(h, salt, t))
+    }
+
     fn cached_run(&self, tokens: &[TokenId], salt: u64, max_pages: usize) -> PrefixMatch {
         let st = &self.store;
         let ps = st.page_size;

@@ -116,6 +116,9 @@ pub(crate) struct Progress {
     pub n_computed: usize,
     /// Tokens known: the prompt and those generated so far.
     pub n_tokens: usize,
+    /// A prompt position a step must end at (a recurrent-state checkpoint is taken
+    /// there: its state exists only at the end of a step); `usize::MAX` for none.
+    pub stop_at: usize,
 }
 
 impl Progress {
@@ -160,10 +163,11 @@ pub(crate) fn sort_key(policy: Policy, p: &Progress, cost_us: f64) -> (i64, u64)
 /// The next piece of work of `p`: while its prompt is not all computed, as much of
 /// it as `budget` allows (see [`prompt_piece`]); after that one token. Tokens
 /// generated before a preemption are recomputed one per step, as they were first
-/// computed, so a resumed request continues exactly.
+/// computed, so a resumed request continues exactly. A piece does not pass the
+/// request's `stop_at`.
 fn next_piece(p: &Progress, budget: usize) -> usize {
     if p.n_computed < p.n_prompt {
-        let remaining = p.n_prompt - p.n_computed;
+        let remaining = p.n_prompt.min(p.stop_at) - p.n_computed;
         match prompt_piece(remaining, budget) {
             // A budget of one aligned chunk cannot split 65..127 remaining tokens
             // (the last chunk must not be shorter): take them all, exceeding it by
@@ -267,6 +271,11 @@ pub(crate) fn plan(
                     break;
                 }
                 budget = budget.saturating_sub(want);
+                if at[i].n_computed == p.stop_at {
+                    // The state there is checkpointed after the step: the next piece
+                    // waits for the next step.
+                    break;
+                }
             }
         }
     }
@@ -337,6 +346,7 @@ mod tests {
             n_prompt,
             n_computed,
             n_tokens,
+            stop_at: usize::MAX,
         }
     }
 
@@ -413,6 +423,34 @@ mod tests {
         let p = plan(&running, Policy::Fcfs, 1e3, 4096, true, &mut cache);
         assert_eq!(p.preempted, [7]);
         assert!(p.out_of_memory.is_empty());
+        cache.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_prompt_piece_ends_at_its_stop_and_goes_on_next_step() {
+        // A checkpoint wanted at 960 of a 1000-token prompt, 512 tokens a step.
+        let mut p = progress(1, 1000, 0, 1000);
+        p.stop_at = 960;
+        let mut cache = cache_with(64, &[(1, 0)]);
+        let plan1 = plan(&[p], Policy::Fcfs, 1e3, 2048, false, &mut cache);
+        let got: Vec<_> = plan1.work.iter().map(|w| (w.start, w.end)).collect();
+        // One piece up to the stop, even with budget left: its state must be the
+        // step's last.
+        assert_eq!(got, [(0, 960)]);
+        p.n_computed = 960;
+        p.stop_at = usize::MAX;
+        let plan2 = plan(&[p], Policy::Fcfs, 1e3, 2048, false, &mut cache);
+        assert_eq!(plan2.work[0].start, 960);
+        assert_eq!(plan2.work[0].end, 1000);
+        // With a budget of 512 the first piece is cut by it, the second by the stop.
+        let mut p = progress(2, 1000, 0, 1000);
+        p.stop_at = 960;
+        let mut cache = cache_with(64, &[(2, 0)]);
+        let plan1 = plan(&[p], Policy::Fcfs, 1e3, 512, false, &mut cache);
+        assert_eq!(plan1.work[0].end, 512);
+        p.n_computed = 512;
+        let plan2 = plan(&[p], Policy::Fcfs, 1e3, 512, false, &mut cache);
+        assert_eq!(plan2.work[0].end, 960);
         cache.check_invariants().unwrap();
     }
 

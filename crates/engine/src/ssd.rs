@@ -9,31 +9,47 @@
 //! [`SsdTier::start_load`] reads the pages in, and the request is not scheduled
 //! until [`SsdTier::poll`] reports its load done (other requests keep stepping).
 //!
-//! Each disk page is in one state: **writing** (queued for the I/O thread; lookups
-//! are served from the in-memory copy) or **on disk**. Budget overflow removes the
-//! least recently used pages.
+//! Hybrid models (recurrent layers beside attention) cannot resume a prefix from KV
+//! pages alone: they also need the recurrent layers' states as they were after the
+//! prefix's last token. The tier therefore holds a second kind of entry, the **state
+//! checkpoint**: the bytes of all recurrent layers' states just after the last token
+//! of a page, keyed by that page's chained hash (the page itself may or may not be in
+//! the tier). Every checkpoint of one tier has the same size
+//! ([`SsdTier::open_with_states`]). [`SsdTier::save_state`] stores one and
+//! [`SsdTier::start_load_with_state`] reads one back after a run of pages. Apart from
+//! their key space, file header and counters, checkpoints are entries like pages:
+//! the same write queue, byte budget, LRU, integrity checks and persistence.
+//!
+//! Each entry is in one stage: **writing** (queued for the I/O thread; lookups are
+//! served from the in-memory copy) or **on disk**. Budget overflow removes the least
+//! recently used entries, pages and checkpoints alike.
 //!
 //! Integrity: a page file carries a header with the [model identity](model_identity)
 //! (model file and KV layout), its hash, its parent's hash, its salt and tokens, and a
-//! 64-bit checksum over header and KV bytes. A read checks all of them against the
-//! index entry; a bad, missing or foreign page is reported as a failure and the
-//! engine recomputes from that page on. Write errors (disk full, I/O errors) drop the
-//! page with a warning: the prefix is recomputed when next needed.
+//! 64-bit checksum over header and KV bytes; a checkpoint file carries its own magic,
+//! the model identity, its page's hash, its length and the same checksum. A read
+//! checks all of them against the index entry; a bad, missing or foreign file is
+//! reported as a failure and the engine recomputes from that page on (a checkpoint
+//! that fails is forgotten at once). Write errors (disk full, I/O errors) drop the
+//! entry with a warning: the prefix is recomputed when next needed.
 //!
 //! All file I/O runs on one I/O thread fed through a bounded queue; it takes jobs in
-//! batches, reads before writes, so a waiting request's pages are not stuck behind
+//! batches, reads before writes, so a waiting request's entries are not stuck behind
 //! write-out. Bytes of queued writes are bounded ([`SsdConfig::max_pending_bytes`]);
-//! beyond that, evicted pages are dropped rather than stalling the step loop.
+//! beyond that, evicted pages and new checkpoints are dropped rather than stalling
+//! the step loop.
 //!
 //! A disk page is named by its 64-bit chained hash; a read also checks the page's own
 //! tokens and its parent's hash, so a wrong page needs a 64-bit collision of the
-//! chained hashes of two different prefixes.
+//! chained hashes of two different prefixes. A checkpoint has no tokens of its own:
+//! the caller asks for it under a hash it has just matched page by page.
 //!
 //! Persistence ([`SsdConfig::persist`]): the tier's directory is named after the model
-//! identity and its index is written on shutdown; the next start with the same model
-//! and layout finds its pages again. A missing, truncated or foreign index starts an
-//! empty tier (its page files are removed). Without persistence the tier lives in a
-//! private directory removed on shutdown.
+//! identity and its index (which records each entry's kind) is written on shutdown;
+//! the next start with the same model and layout finds its pages and checkpoints
+//! again. A missing, truncated or foreign index starts an empty tier (its entry files
+//! are removed). Without persistence the tier lives in a private directory removed on
+//! shutdown.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
@@ -48,7 +64,9 @@ use std::time::Instant;
 use crate::pages::{EvictedPage, PageHasher, TokenId};
 
 const PAGE_MAGIC: &[u8; 8] = b"T9KVPG01";
-const INDEX_MAGIC: &[u8; 8] = b"T9KVIX01";
+const STATE_MAGIC: &[u8; 8] = b"T9KVST01";
+/// Version 2 records each entry's kind; an index of version 1 is foreign.
+const INDEX_MAGIC: &[u8; 8] = b"T9KVIX02";
 const INDEX_FILE: &str = "index.bin";
 /// Jobs the I/O queue holds.
 const QUEUE_JOBS: usize = 4096;
@@ -58,12 +76,12 @@ const QUEUE_JOBS: usize = 4096;
 pub struct SsdConfig {
     /// Directory for page files (created if missing); the tier uses a subdirectory.
     pub dir: PathBuf,
-    /// Most bytes of page files; the least recently used pages are removed beyond it.
-    /// 0 writes nothing.
+    /// Most bytes of page and state checkpoint files together; the least recently
+    /// used entries are removed beyond it. 0 writes nothing.
     pub budget_bytes: u64,
     /// Keep the pages and their index across restarts.
     pub persist: bool,
-    /// Most bytes of pages queued for writing; more evicted pages are dropped
+    /// Most bytes of pages and checkpoints queued for writing; more are dropped
     /// (recomputed when needed) rather than stalling the step loop.
     pub max_pending_bytes: usize,
     /// Test hook: every page write fails as if the disk were full.
@@ -122,8 +140,8 @@ fn free_disk_bytes(dir: &Path) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Layout of the KV a page holds: pages are only shared between engines whose
-/// identities are equal.
+/// Layout of the KV a page holds (and of the recurrent state a checkpoint holds):
+/// entries are only shared between engines whose identities are equal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvLayout {
     /// Layers.
@@ -140,6 +158,9 @@ pub struct KvLayout {
     pub dtype: &'static str,
     /// Device kind that computes the KV (numbers differ between backends).
     pub device: String,
+    /// Bytes of one state checkpoint (all recurrent layers' states); 0 for a model
+    /// without recurrent layers.
+    pub state_bytes: usize,
 }
 
 /// Identity of the KV a model computes: a hash of the GGUF file's header (metadata
@@ -147,7 +168,7 @@ pub struct KvLayout {
 pub fn model_identity(gguf_bytes: &[u8], data_offset: usize, layout: &KvLayout) -> u64 {
     let head = &gguf_bytes[..data_offset.min(gguf_bytes.len())];
     let tail = &gguf_bytes[gguf_bytes.len().saturating_sub(1 << 20)..];
-    let desc = format!(
+    let mut desc = format!(
         "{}:{}:{}:{}:{}:{}:{}:{}",
         gguf_bytes.len(),
         layout.n_layer,
@@ -158,6 +179,12 @@ pub fn model_identity(gguf_bytes: &[u8], data_offset: usize, layout: &KvLayout) 
         layout.dtype,
         layout.device
     );
+    // Only when present, so a model without recurrent state keeps the identity (and
+    // directory) it had before checkpoints existed: its old index is then found,
+    // judged foreign by its version and its files removed, rather than left behind.
+    if layout.state_bytes != 0 {
+        desc.push_str(&format!(":state{}", layout.state_bytes));
+    }
     let mut h = checksum(0x7e3b_0d59_1c2a_4f61, head);
     h = checksum(h, tail);
     checksum(h, desc.as_bytes())
@@ -225,7 +252,8 @@ pub fn checksum(seed: u64, data: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
-/// Counters of the SSD tier.
+/// Counters of the SSD tier. The page counters count pages only; the `*state*`
+/// counters count state checkpoints. The budget bounds `bytes + state_bytes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SsdStats {
     /// Pages in the tier (on disk or being written).
@@ -234,7 +262,7 @@ pub struct SsdStats {
     pub bytes: u64,
     /// Pages queued for writing.
     pub pending_pages: usize,
-    /// The byte budget.
+    /// The byte budget (pages and state checkpoints together).
     pub budget_bytes: u64,
     /// Pages served to requests (read back and verified).
     pub hit_pages: u64,
@@ -261,35 +289,105 @@ pub struct SsdStats {
     pub writes_dropped: u64,
     /// Pages removed to stay within the budget.
     pub evicted_pages: u64,
+    /// State checkpoints in the tier (on disk or being written).
+    pub states: usize,
+    /// Bytes of those checkpoints' files.
+    pub state_bytes: u64,
+    /// State checkpoints queued for writing.
+    pub pending_states: usize,
+    /// State checkpoints handed out by finished loads (from disk or the write queue).
+    pub served_states: u64,
+    /// State checkpoint files read and verified.
+    pub read_states: u64,
+    /// Bytes of checkpoint data read and verified.
+    pub read_state_bytes: u64,
+    /// Seconds the I/O thread spent reading checkpoints.
+    pub state_read_secs: f64,
+    /// State checkpoint files written.
+    pub write_states: u64,
+    /// Bytes of checkpoint files written.
+    pub write_state_bytes: u64,
+    /// Seconds the I/O thread spent writing checkpoints.
+    pub state_write_secs: f64,
+    /// Checkpoint reads that failed (missing, truncated, corrupt or foreign file);
+    /// the checkpoint is forgotten.
+    pub state_read_errors: u64,
+    /// Checkpoint writes that failed (disk full, I/O error); the checkpoint is dropped.
+    pub state_write_errors: u64,
+    /// Checkpoints not written: wrong size, write queue full, or budget too small.
+    pub state_writes_dropped: u64,
+    /// Checkpoints removed to stay within the budget.
+    pub evicted_states: u64,
 }
 
 /// Identifies a load started by [`SsdTier::start_load`].
 pub type LoadId = u64;
 
-/// Where a disk page is.
+/// What an entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    /// One page's KV.
+    Page,
+    /// The recurrent layers' states after a page's last token.
+    State,
+}
+
+impl Kind {
+    /// Index into per-kind counters.
+    fn i(self) -> usize {
+        self as usize
+    }
+
+    /// Tag in the index file.
+    fn tag(self) -> u8 {
+        self as u8
+    }
+
+    fn from_tag(t: u8) -> Option<Kind> {
+        match t {
+            0 => Some(Kind::Page),
+            1 => Some(Kind::State),
+            _ => None,
+        }
+    }
+
+    /// File name extension.
+    fn ext(self) -> &'static str {
+        match self {
+            Kind::Page => "page",
+            Kind::State => "state",
+        }
+    }
+}
+
+/// A page and the checkpoint after it share a hash; the kind keeps them apart.
+type Key = (Kind, u64);
+
+/// Where an entry is.
 #[derive(Debug)]
-enum State {
+enum Stage {
     /// Queued for the I/O thread; lookups use this copy.
     Writing(Arc<Vec<u8>>),
     OnDisk,
 }
 
 #[derive(Debug)]
-struct DiskPage {
-    parent_hash: u64,
-    salt: u64,
-    tokens: Box<[TokenId]>,
-    state: State,
+struct Entry {
+    /// What its file must hold; a read checks it.
+    header: Header,
+    stage: Stage,
     /// LRU position (key in `SsdTier::lru`).
     tick: u64,
-    /// Distinguishes this entry from an earlier one of the same hash.
+    /// Distinguishes this entry from an earlier one of the same key.
     gen: u64,
     file_bytes: u64,
 }
 
-/// What a page file must hold.
+/// What an entry's file must hold. Checkpoints have no parent, salt or tokens (all
+/// zero or empty) and are told apart from pages by their magic.
 #[derive(Debug, Clone)]
 struct Header {
+    kind: Kind,
     model_id: u64,
     hash: u64,
     parent_hash: u64,
@@ -299,15 +397,41 @@ struct Header {
 }
 
 impl Header {
+    fn state(model_id: u64, hash: u64, payload_len: u64) -> Header {
+        Header {
+            kind: Kind::State,
+            model_id,
+            hash,
+            parent_hash: 0,
+            salt: 0,
+            tokens: Box::new([]),
+            payload_len,
+        }
+    }
+
+    fn key(&self) -> Key {
+        (self.kind, self.hash)
+    }
+
     fn bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(56 + 4 * self.tokens.len());
-        b.extend_from_slice(PAGE_MAGIC);
-        for x in [self.model_id, self.hash, self.parent_hash, self.salt] {
-            b.extend_from_slice(&x.to_le_bytes());
-        }
-        b.extend_from_slice(&(self.tokens.len() as u64).to_le_bytes());
-        for t in self.tokens.iter() {
-            b.extend_from_slice(&t.to_le_bytes());
+        match self.kind {
+            Kind::Page => {
+                b.extend_from_slice(PAGE_MAGIC);
+                for x in [self.model_id, self.hash, self.parent_hash, self.salt] {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+                b.extend_from_slice(&(self.tokens.len() as u64).to_le_bytes());
+                for t in self.tokens.iter() {
+                    b.extend_from_slice(&t.to_le_bytes());
+                }
+            }
+            Kind::State => {
+                b.extend_from_slice(STATE_MAGIC);
+                for x in [self.model_id, self.hash] {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+            }
         }
         b.extend_from_slice(&self.payload_len.to_le_bytes());
         b
@@ -319,20 +443,28 @@ impl Header {
     }
 }
 
+/// Where a read's data goes in its load.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// The load's `idx`th page.
+    Page(usize),
+    /// The load's checkpoint, entry `gen` of `hash` (forgotten if the read fails).
+    State { hash: u64, gen: u64 },
+}
+
 enum Job {
     Write {
-        hash: u64,
         gen: u64,
         header: Header,
         data: Arc<Vec<u8>>,
     },
     Read {
         load: LoadId,
-        idx: usize,
+        slot: Slot,
         header: Header,
     },
     Delete {
-        hash: u64,
+        key: Key,
     },
     /// Reply once every earlier job is done.
     Flush(Sender<()>),
@@ -340,14 +472,14 @@ enum Job {
 
 enum Done {
     Written {
-        hash: u64,
+        key: Key,
         gen: u64,
         result: Result<u64, String>,
         secs: f64,
     },
     Read {
         load: LoadId,
-        idx: usize,
+        slot: Slot,
         result: Result<Vec<u8>, String>,
         secs: f64,
     },
@@ -356,16 +488,23 @@ enum Done {
 struct Load {
     pages: Vec<Option<Arc<Vec<u8>>>>,
     failed: Vec<bool>,
+    state: Option<Arc<Vec<u8>>>,
     outstanding: usize,
 }
 
 /// A finished load: for each requested page in order, its KV bytes, or `None` when
-/// it could not be used (the caller recomputes from the first `None` on).
+/// it could not be used (the caller recomputes from the first `None` on); and the
+/// requested state checkpoint, if any.
 pub struct LoadResult {
     /// The load.
     pub id: LoadId,
     /// Page data in request order.
     pub pages: Vec<Option<Arc<Vec<u8>>>>,
+    /// The checkpoint asked for with [`SsdTier::start_load_with_state`], verified;
+    /// `None` when not asked for, not in the tier, or unreadable (then forgotten).
+    /// It is delivered whether or not the pages loaded: it belongs to the hash it
+    /// was asked under, and only the caller knows whether it can use it.
+    pub state: Option<Arc<Vec<u8>>>,
 }
 
 impl LoadResult {
@@ -373,6 +512,16 @@ impl LoadResult {
     pub fn n_ok(&self) -> usize {
         self.pages.iter().take_while(|p| p.is_some()).count()
     }
+}
+
+/// What [`SsdTier::fetch`] did with one entry of a load.
+enum Fetch {
+    /// Served from the write queue's copy.
+    Ready(Arc<Vec<u8>>),
+    /// A read is queued.
+    Queued,
+    /// Not in the tier, or the I/O thread is gone.
+    Failed,
 }
 
 static INSTANCE: AtomicU64 = AtomicU64::new(0);
@@ -383,21 +532,27 @@ pub struct SsdTier {
     model_id: u64,
     page_tokens: usize,
     page_bytes: usize,
+    state_bytes: usize,
     hasher: PageHasher,
     dir: PathBuf,
-    index: HashMap<u64, DiskPage>,
-    /// tick -> hash, least recently used first.
-    lru: BTreeMap<u64, u64>,
+    index: HashMap<Key, Entry>,
+    /// tick -> key, least recently used first.
+    lru: BTreeMap<u64, Key>,
     tick: u64,
     gen: u64,
-    disk_bytes: u64,
+    /// Entries, by kind.
+    held: [usize; 2],
+    /// Bytes of entries' files, by kind.
+    held_bytes: [u64; 2],
+    /// Payload bytes of queued writes, both kinds.
     pending_bytes: usize,
-    pending_pages: usize,
+    /// Queued writes, by kind.
+    pending: [usize; 2],
     jobs: Option<SyncSender<Job>>,
     done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
     loads: HashMap<LoadId, Load>,
-    /// Loads whose every page is in; handed out by `poll`.
+    /// Loads whose every entry is in; handed out by `poll`.
     finished: VecDeque<LoadId>,
     next_load: LoadId,
     stats: SsdStats,
@@ -416,12 +571,27 @@ impl std::fmt::Debug for SsdTier {
 impl SsdTier {
     /// Opens the tier for KV of identity `model_id` (see [`model_identity`]) in pages
     /// of `page_tokens` tokens and `page_bytes` bytes, hashed with `hasher` (the page
-    /// pool's). With persistence, loads the index a previous run left.
+    /// pool's), without state checkpoints. With persistence, loads the index a
+    /// previous run left.
     pub fn open(
         cfg: SsdConfig,
         model_id: u64,
         page_tokens: usize,
         page_bytes: usize,
+        hasher: PageHasher,
+    ) -> std::io::Result<SsdTier> {
+        SsdTier::open_with_states(cfg, model_id, page_tokens, page_bytes, 0, hasher)
+    }
+
+    /// Like [`SsdTier::open`], for a model whose state checkpoints are `state_bytes`
+    /// bytes each (0: none; [`SsdTier::save_state`] then stores nothing). The size is
+    /// fixed at opening because a persistent index's entries are sized by it.
+    pub fn open_with_states(
+        cfg: SsdConfig,
+        model_id: u64,
+        page_tokens: usize,
+        page_bytes: usize,
+        state_bytes: usize,
         hasher: PageHasher,
     ) -> std::io::Result<SsdTier> {
         let dir = if cfg.persist {
@@ -451,15 +621,17 @@ impl SsdTier {
             model_id,
             page_tokens,
             page_bytes,
+            state_bytes,
             hasher,
             dir,
             index: HashMap::new(),
             lru: BTreeMap::new(),
             tick: 0,
             gen: 0,
-            disk_bytes: 0,
+            held: [0; 2],
+            held_bytes: [0; 2],
             pending_bytes: 0,
-            pending_pages: 0,
+            pending: [0; 2],
             jobs: Some(jobs_tx),
             done: done_rx,
             thread: Some(thread),
@@ -469,8 +641,9 @@ impl SsdTier {
         };
         if tier.cfg.persist {
             match tier.load_index() {
-                Ok(n) => {
-                    tracing::info!(pages = n, dir = %tier.dir.display(), "KV SSD tier: index loaded")
+                Ok(()) => {
+                    tracing::info!(pages = tier.held[Kind::Page.i()], states = tier.held[Kind::State.i()],
+                        dir = %tier.dir.display(), "KV SSD tier: index loaded")
                 }
                 Err(why) => {
                     if why != "no index" {
@@ -478,8 +651,9 @@ impl SsdTier {
                     }
                     tier.index.clear();
                     tier.lru.clear();
-                    tier.disk_bytes = 0;
-                    tier.remove_page_files();
+                    tier.held = [0; 2];
+                    tier.held_bytes = [0; 2];
+                    tier.remove_entry_files();
                 }
             }
             // A crash from here on leaves no index that could outlive its files.
@@ -507,15 +681,20 @@ impl SsdTier {
 
     /// Whether a page of this hash is in the tier.
     pub fn contains(&self, hash: u64) -> bool {
-        self.index.contains_key(&hash)
+        self.index.contains_key(&(Kind::Page, hash))
     }
 
-    fn touch(&mut self, hash: u64) {
-        if let Some(e) = self.index.get_mut(&hash) {
+    /// Whether a state checkpoint after the page of this hash is in the tier.
+    pub fn contains_state(&self, page_hash: u64) -> bool {
+        self.index.contains_key(&(Kind::State, page_hash))
+    }
+
+    fn touch(&mut self, key: Key) {
+        if let Some(e) = self.index.get_mut(&key) {
             self.lru.remove(&e.tick);
             self.tick += 1;
             e.tick = self.tick;
-            self.lru.insert(self.tick, hash);
+            self.lru.insert(self.tick, key);
         }
     }
 
@@ -532,7 +711,7 @@ impl SsdTier {
         let mut found = Vec::new();
         for page in tokens.chunks_exact(self.page_tokens).take(max_pages) {
             let h = (self.hasher)(parent_hash, salt, page);
-            match self.index.get(&h) {
+            match self.index.get(&(Kind::Page, h)).map(|e| &e.header) {
                 Some(e) if e.parent_hash == parent_hash && e.salt == salt && *e.tokens == *page => {
                     found.push(h);
                     parent_hash = h;
@@ -546,12 +725,8 @@ impl SsdTier {
     /// Stores an evicted RAM page's KV (`data`, [`SsdTier::page_bytes`] bytes). Drops
     /// it (counted) when the budget cannot hold a page or the write queue is full.
     pub fn save(&mut self, page: &EvictedPage, data: Vec<u8>) {
-        self.drain_done();
-        if self.index.contains_key(&page.hash) {
-            self.touch(page.hash);
-            return;
-        }
         let header = Header {
+            kind: Kind::Page,
             model_id: self.model_id,
             hash: page.hash,
             parent_hash: page.parent_hash,
@@ -559,51 +734,7 @@ impl SsdTier {
             tokens: page.tokens.clone(),
             payload_len: data.len() as u64,
         };
-        let file_bytes = header.file_bytes();
-        if data.len() != self.page_bytes
-            || file_bytes > self.cfg.budget_bytes
-            || self.pending_bytes + data.len() > self.cfg.max_pending_bytes
-        {
-            self.stats.writes_dropped += 1;
-            return;
-        }
-        while self.disk_bytes + file_bytes > self.cfg.budget_bytes {
-            let Some((_, victim)) = self.lru.pop_first() else {
-                break;
-            };
-            self.remove(victim);
-            self.stats.evicted_pages += 1;
-        }
-        let data = Arc::new(data);
-        self.gen += 1;
-        let job = Job::Write {
-            hash: page.hash,
-            gen: self.gen,
-            header,
-            data: data.clone(),
-        };
-        if !self.send(job) {
-            self.stats.writes_dropped += 1;
-            return;
-        }
-        self.pending_bytes += data.len();
-        self.pending_pages += 1;
-        self.tick += 1;
-        self.index.insert(
-            page.hash,
-            DiskPage {
-                parent_hash: page.parent_hash,
-                salt: page.salt,
-                tokens: page.tokens.clone(),
-                state: State::Writing(data),
-                tick: self.tick,
-                gen: self.gen,
-                file_bytes,
-            },
-        );
-        self.lru.insert(self.tick, page.hash);
-        self.disk_bytes += file_bytes;
-        self.sync_stats();
+        self.store(header, data, self.page_bytes);
     }
 
     /// Like [`SsdTier::save`], but waits for queued writes instead of dropping the
@@ -615,6 +746,96 @@ impl SsdTier {
         self.save(page, data);
     }
 
+    /// Stores the recurrent layers' states as they were just after the last token of
+    /// the page of hash `page_hash` (`data`, [`SsdTier::state_bytes`] bytes). Drops
+    /// it (counted) when its size is wrong, the budget cannot hold it or the write
+    /// queue is full. A checkpoint already held under `page_hash` is kept (and made
+    /// most recently used): the same prefix gives the same state.
+    pub fn save_state(&mut self, page_hash: u64, data: Vec<u8>) {
+        let header = Header::state(self.model_id, page_hash, data.len() as u64);
+        self.store(header, data, self.state_bytes);
+    }
+
+    /// Like [`SsdTier::save_state`], but waits for queued writes instead of dropping
+    /// the checkpoint when the write queue is full (for shutdown).
+    pub fn save_state_wait(&mut self, page_hash: u64, data: Vec<u8>) {
+        if self.pending_bytes + data.len() > self.cfg.max_pending_bytes {
+            self.flush();
+        }
+        self.save_state(page_hash, data);
+    }
+
+    /// Queues `data` for writing under `header` (its payload must be `want_len`
+    /// bytes), removing least recently used entries to make room.
+    fn store(&mut self, header: Header, data: Vec<u8>, want_len: usize) {
+        self.drain_done();
+        let key = header.key();
+        if self.index.contains_key(&key) {
+            self.touch(key);
+            return;
+        }
+        let file_bytes = header.file_bytes();
+        if want_len == 0
+            || data.len() != want_len
+            || file_bytes > self.cfg.budget_bytes
+            || self.pending_bytes + data.len() > self.cfg.max_pending_bytes
+        {
+            self.count_dropped(key.0);
+            return;
+        }
+        while self.used_bytes() + file_bytes > self.cfg.budget_bytes {
+            let Some((_, victim)) = self.lru.pop_first() else {
+                break;
+            };
+            self.remove(victim);
+            match victim.0 {
+                Kind::Page => self.stats.evicted_pages += 1,
+                Kind::State => self.stats.evicted_states += 1,
+            }
+        }
+        let data = Arc::new(data);
+        self.gen += 1;
+        let job = Job::Write {
+            gen: self.gen,
+            header: header.clone(),
+            data: data.clone(),
+        };
+        if !self.send(job) {
+            self.count_dropped(key.0);
+            self.sync_stats();
+            return;
+        }
+        self.pending_bytes += data.len();
+        self.pending[key.0.i()] += 1;
+        self.tick += 1;
+        self.index.insert(
+            key,
+            Entry {
+                header,
+                stage: Stage::Writing(data),
+                tick: self.tick,
+                gen: self.gen,
+                file_bytes,
+            },
+        );
+        self.lru.insert(self.tick, key);
+        self.held[key.0.i()] += 1;
+        self.held_bytes[key.0.i()] += file_bytes;
+        self.sync_stats();
+    }
+
+    fn count_dropped(&mut self, kind: Kind) {
+        match kind {
+            Kind::Page => self.stats.writes_dropped += 1,
+            Kind::State => self.stats.state_writes_dropped += 1,
+        }
+    }
+
+    /// Bytes of all entries' files, the quantity the budget bounds.
+    fn used_bytes(&self) -> u64 {
+        self.held_bytes.iter().sum()
+    }
+
     /// Sends a job without blocking; false when the queue is full or the thread gone.
     fn send(&mut self, job: Job) -> bool {
         match self.jobs.as_ref().map(|j| j.try_send(job)) {
@@ -624,21 +845,23 @@ impl SsdTier {
         }
     }
 
-    /// Drops a page from the index and deletes its file (after its write, if queued).
-    fn remove(&mut self, hash: u64) {
-        let Some(e) = self.index.remove(&hash) else {
+    /// Drops an entry from the index and deletes its file (after its write, if
+    /// queued).
+    fn remove(&mut self, key: Key) {
+        let Some(e) = self.index.remove(&key) else {
             return;
         };
         self.lru.remove(&e.tick);
-        self.disk_bytes -= e.file_bytes;
-        if let State::Writing(d) = &e.state {
+        self.held[key.0.i()] -= 1;
+        self.held_bytes[key.0.i()] -= e.file_bytes;
+        if let Stage::Writing(d) = &e.stage {
             self.pending_bytes -= d.len();
-            self.pending_pages -= 1;
+            self.pending[key.0.i()] -= 1;
         }
         if let Some(j) = &self.jobs {
             // A delete that does not fit the queue leaves an orphan file; the next
-            // write of the same hash replaces it, and reads verify the header.
-            let _ = j.try_send(Job::Delete { hash });
+            // write of the same key replaces it, and reads verify the header.
+            let _ = j.try_send(Job::Delete { key });
         }
     }
 
@@ -646,44 +869,36 @@ impl SsdTier {
     /// result comes from [`SsdTier::poll`] under the returned id. Pages still in the
     /// write queue are served from memory at once.
     pub fn start_load(&mut self, hashes: &[u64]) -> LoadId {
+        self.start_load_with_state(hashes, None)
+    }
+
+    /// Like [`SsdTier::start_load`], and also reads the state checkpoint kept under
+    /// `state` (normally the last of `hashes`; `hashes` may be empty for a
+    /// checkpoint alone) into [`LoadResult::state`]. The checkpoint is read after the
+    /// pages and is delivered whether or not they load; a checkpoint not in the tier
+    /// gives `None` and no read error.
+    pub fn start_load_with_state(&mut self, hashes: &[u64], state: Option<u64>) -> LoadId {
         self.drain_done();
         self.next_load += 1;
         let id = self.next_load;
         let mut load = Load {
             pages: vec![None; hashes.len()],
             failed: vec![false; hashes.len()],
+            state: None,
             outstanding: 0,
         };
         for (idx, &h) in hashes.iter().enumerate() {
-            self.touch(h);
-            let Some(e) = self.index.get(&h) else {
-                load.failed[idx] = true;
-                continue;
-            };
-            match &e.state {
-                State::Writing(d) => load.pages[idx] = Some(d.clone()),
-                State::OnDisk => {
-                    let header = Header {
-                        model_id: self.model_id,
-                        hash: h,
-                        parent_hash: e.parent_hash,
-                        salt: e.salt,
-                        tokens: e.tokens.clone(),
-                        payload_len: self.page_bytes as u64,
-                    };
-                    let job = Job::Read {
-                        load: id,
-                        idx,
-                        header,
-                    };
-                    // Reads may wait for room in the queue: the writer always drains it.
-                    let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
-                    if sent {
-                        load.outstanding += 1;
-                    } else {
-                        load.failed[idx] = true;
-                    }
-                }
+            match self.fetch(id, (Kind::Page, h), Some(idx)) {
+                Fetch::Ready(d) => load.pages[idx] = Some(d),
+                Fetch::Queued => load.outstanding += 1,
+                Fetch::Failed => load.failed[idx] = true,
+            }
+        }
+        if let Some(h) = state {
+            match self.fetch(id, (Kind::State, h), None) {
+                Fetch::Ready(d) => load.state = Some(d),
+                Fetch::Queued => load.outstanding += 1,
+                Fetch::Failed => {}
             }
         }
         let done = load.outstanding == 0;
@@ -692,6 +907,34 @@ impl SsdTier {
             self.finished.push_back(id);
         }
         id
+    }
+
+    /// Makes entry `key` most recently used and serves it to load `load` (as its
+    /// page `idx`, or its checkpoint when `None`): from the write queue's copy, or by
+    /// queueing a read.
+    fn fetch(&mut self, load: LoadId, key: Key, idx: Option<usize>) -> Fetch {
+        self.touch(key);
+        let Some(e) = self.index.get(&key) else {
+            return Fetch::Failed;
+        };
+        let header = match &e.stage {
+            Stage::Writing(d) => return Fetch::Ready(d.clone()),
+            Stage::OnDisk => e.header.clone(),
+        };
+        let slot = match idx {
+            Some(i) => Slot::Page(i),
+            None => Slot::State {
+                hash: key.1,
+                gen: e.gen,
+            },
+        };
+        let job = Job::Read { load, slot, header };
+        // Reads may wait for room in the queue: the writer always drains it.
+        if self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok()) {
+            Fetch::Queued
+        } else {
+            Fetch::Failed
+        }
     }
 
     /// Forgets a load (its request went away); its data is dropped when it arrives.
@@ -745,7 +988,14 @@ impl SsdTier {
                         *p = None;
                     }
                 }
-                out.push(LoadResult { id, pages });
+                if l.state.is_some() {
+                    self.stats.served_states += 1;
+                }
+                out.push(LoadResult {
+                    id,
+                    pages,
+                    state: l.state,
+                });
             }
         }
         out
@@ -760,64 +1010,101 @@ impl SsdTier {
     fn handle(&mut self, d: Done) {
         match d {
             Done::Written {
-                hash,
+                key,
                 gen,
                 result,
                 secs,
             } => {
-                self.stats.write_secs += secs;
-                let current = self.index.get(&hash).is_some_and(|e| e.gen == gen);
+                let current = self.index.get(&key).is_some_and(|e| e.gen == gen);
+                match key.0 {
+                    Kind::Page => self.stats.write_secs += secs,
+                    Kind::State => self.stats.state_write_secs += secs,
+                }
                 match result {
                     Ok(bytes) => {
-                        self.stats.write_pages += 1;
-                        self.stats.write_bytes += bytes;
-                        if current {
-                            let e = self.index.get_mut(&hash).expect("current");
-                            if let State::Writing(d) = &e.state {
-                                self.pending_bytes -= d.len();
-                                self.pending_pages -= 1;
+                        match key.0 {
+                            Kind::Page => {
+                                self.stats.write_pages += 1;
+                                self.stats.write_bytes += bytes;
                             }
-                            e.state = State::OnDisk;
+                            Kind::State => {
+                                self.stats.write_states += 1;
+                                self.stats.write_state_bytes += bytes;
+                            }
+                        }
+                        if current {
+                            let e = self.index.get_mut(&key).expect("current");
+                            if let Stage::Writing(d) = &e.stage {
+                                self.pending_bytes -= d.len();
+                                self.pending[key.0.i()] -= 1;
+                            }
+                            e.stage = Stage::OnDisk;
                         }
                     }
                     Err(why) => {
-                        self.stats.write_errors += 1;
-                        if self.stats.write_errors.is_power_of_two() {
-                            tracing::warn!(%why, errors = self.stats.write_errors,
-                                "KV SSD tier: page write failed; the page will be recomputed");
+                        let errors = match key.0 {
+                            Kind::Page => &mut self.stats.write_errors,
+                            Kind::State => &mut self.stats.state_write_errors,
+                        };
+                        *errors += 1;
+                        if errors.is_power_of_two() {
+                            tracing::warn!(%why, errors = *errors, kind = key.0.ext(),
+                                "KV SSD tier: write failed; the prefix will be recomputed");
                         }
                         if current {
-                            self.remove(hash);
+                            self.remove(key);
                         }
                     }
                 }
             }
             Done::Read {
                 load,
-                idx,
+                slot,
                 result,
                 secs,
             } => {
-                self.stats.read_secs += secs;
-                let result = match result {
-                    Ok(data) => {
+                match (slot, &result) {
+                    (Slot::Page(_), Ok(data)) => {
+                        self.stats.read_secs += secs;
                         self.stats.read_pages += 1;
                         self.stats.read_bytes += data.len() as u64;
-                        Ok(data)
                     }
-                    Err(why) => {
+                    (Slot::State { .. }, Ok(data)) => {
+                        self.stats.state_read_secs += secs;
+                        self.stats.read_states += 1;
+                        self.stats.read_state_bytes += data.len() as u64;
+                    }
+                    (Slot::Page(_), Err(why)) => {
+                        self.stats.read_secs += secs;
                         self.stats.read_errors += 1;
                         if self.stats.read_errors.is_power_of_two() {
                             tracing::warn!(%why, errors = self.stats.read_errors,
                                 "KV SSD tier: page unusable; recomputing it");
                         }
-                        Err(why)
                     }
-                };
+                    (Slot::State { hash, gen }, Err(why)) => {
+                        self.stats.state_read_secs += secs;
+                        self.stats.state_read_errors += 1;
+                        if self.stats.state_read_errors.is_power_of_two() {
+                            tracing::warn!(%why, errors = self.stats.state_read_errors,
+                                "KV SSD tier: state checkpoint unusable; recomputing it");
+                        }
+                        // Forgotten here, not by the caller: it may have gone away,
+                        // and a replacement saved since the read began is kept.
+                        let key = (Kind::State, hash);
+                        if self.index.get(&key).is_some_and(|e| e.gen == gen) {
+                            self.remove(key);
+                        }
+                    }
+                }
                 if let Some(l) = self.loads.get_mut(&load) {
-                    match result {
-                        Ok(data) => l.pages[idx] = Some(Arc::new(data)),
-                        Err(_) => l.failed[idx] = true,
+                    let data = result.ok().map(Arc::new);
+                    match slot {
+                        Slot::Page(idx) => match data {
+                            Some(d) => l.pages[idx] = Some(d),
+                            None => l.failed[idx] = true,
+                        },
+                        Slot::State { .. } => l.state = data,
                     }
                     l.outstanding -= 1;
                     if l.outstanding == 0 {
@@ -831,19 +1118,35 @@ impl SsdTier {
 
     /// A page failed to load: forget it so it is not tried again.
     pub fn forget(&mut self, hash: u64) {
-        self.remove(hash);
+        self.remove((Kind::Page, hash));
+        self.sync_stats();
+    }
+
+    /// Forgets the state checkpoint kept under `page_hash` (e.g. the caller found it
+    /// unusable); its file is deleted.
+    pub fn forget_state(&mut self, page_hash: u64) {
+        self.remove((Kind::State, page_hash));
         self.sync_stats();
     }
 
     fn sync_stats(&mut self) {
-        self.stats.pages = self.index.len();
-        self.stats.bytes = self.disk_bytes;
-        self.stats.pending_pages = self.pending_pages;
+        let (p, s) = (Kind::Page.i(), Kind::State.i());
+        self.stats.pages = self.held[p];
+        self.stats.bytes = self.held_bytes[p];
+        self.stats.pending_pages = self.pending[p];
+        self.stats.states = self.held[s];
+        self.stats.state_bytes = self.held_bytes[s];
+        self.stats.pending_states = self.pending[s];
     }
 
     /// Bytes of one page's KV.
     pub fn page_bytes(&self) -> usize {
         self.page_bytes
+    }
+
+    /// Bytes of one state checkpoint (0: the tier keeps none).
+    pub fn state_bytes(&self) -> usize {
+        self.state_bytes
     }
 
     /// Waits until every queued write and delete is done.
@@ -857,23 +1160,31 @@ impl SsdTier {
         self.drain_done();
     }
 
+    #[cfg(test)]
     fn page_path(&self, hash: u64) -> PathBuf {
-        page_path(&self.dir, hash)
+        entry_path(&self.dir, (Kind::Page, hash))
     }
 
-    fn remove_page_files(&self) {
+    #[cfg(test)]
+    fn state_path(&self, hash: u64) -> PathBuf {
+        entry_path(&self.dir, (Kind::State, hash))
+    }
+
+    fn remove_entry_files(&self) {
         if let Ok(rd) = fs::read_dir(&self.dir) {
             for e in rd.flatten() {
-                if e.path().extension().is_some_and(|x| x == "page") {
-                    let _ = fs::remove_file(e.path());
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "page" || x == "state") {
+                    let _ = fs::remove_file(p);
                 }
             }
         }
     }
 
-    /// Index file: magic, model id, page tokens, page bytes, entry count, entries
-    /// (hash, parent hash, salt, tokens), then a checksum of everything before it.
-    /// Entries are in LRU order, least recently used first.
+    /// Index file: magic, model id, page tokens, page bytes, state bytes, entry
+    /// count, entries, then a checksum of everything before it. An entry is its kind
+    /// (one byte: 0 page, 1 checkpoint) and hash, and for a page its parent hash,
+    /// salt and tokens. Entries are in LRU order, least recently used first.
     fn write_index(&self) -> std::io::Result<()> {
         let mut b = Vec::new();
         b.extend_from_slice(INDEX_MAGIC);
@@ -881,22 +1192,28 @@ impl SsdTier {
             self.model_id,
             self.page_tokens as u64,
             self.page_bytes as u64,
+            self.state_bytes as u64,
         ] {
             b.extend_from_slice(&x.to_le_bytes());
         }
-        let on_disk: Vec<(u64, &DiskPage)> = self
+        let on_disk: Vec<&Entry> = self
             .lru
             .values()
-            .filter_map(|h| self.index.get(h).map(|e| (*h, e)))
-            .filter(|(_, e)| matches!(e.state, State::OnDisk))
+            .filter_map(|k| self.index.get(k))
+            .filter(|e| matches!(e.stage, Stage::OnDisk))
             .collect();
         b.extend_from_slice(&(on_disk.len() as u64).to_le_bytes());
-        for (h, e) in on_disk {
-            for x in [h, e.parent_hash, e.salt] {
-                b.extend_from_slice(&x.to_le_bytes());
-            }
-            for t in e.tokens.iter() {
-                b.extend_from_slice(&t.to_le_bytes());
+        for e in on_disk {
+            let h = &e.header;
+            b.push(h.kind.tag());
+            b.extend_from_slice(&h.hash.to_le_bytes());
+            if h.kind == Kind::Page {
+                for x in [h.parent_hash, h.salt] {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+                for t in h.tokens.iter() {
+                    b.extend_from_slice(&t.to_le_bytes());
+                }
             }
         }
         let sum = checksum(0, &b);
@@ -908,13 +1225,17 @@ impl SsdTier {
         fs::rename(tmp, self.dir.join(INDEX_FILE))
     }
 
-    fn load_index(&mut self) -> Result<usize, String> {
+    /// Reads the index [`SsdTier::write_index`] left. With a smaller budget than
+    /// last time, keeps the most recently used entries that fit and removes the
+    /// others' files.
+    fn load_index(&mut self) -> Result<(), String> {
         let b = match fs::read(self.dir.join(INDEX_FILE)) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("no index".into()),
             Err(e) => return Err(e.to_string()),
         };
-        if b.len() < 48 || &b[..8] != INDEX_MAGIC {
+        const HEAD: usize = 48;
+        if b.len() < HEAD + 8 || &b[..8] != INDEX_MAGIC {
             return Err(format!("index of {} bytes is not a Tempo9 index", b.len()));
         }
         let (body, sum) = b.split_at(b.len() - 8);
@@ -922,53 +1243,87 @@ impl SsdTier {
             return Err("index checksum mismatch (truncated or corrupt)".into());
         }
         let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
-        let (id, pt, pb, n) = (u64_at(8), u64_at(16), u64_at(24), u64_at(32) as usize);
-        if id != self.model_id || pt as usize != self.page_tokens || pb as usize != self.page_bytes
+        let (id, pt, pb, sb) = (u64_at(8), u64_at(16), u64_at(24), u64_at(32));
+        let n = u64_at(40);
+        if id != self.model_id
+            || pt as usize != self.page_tokens
+            || pb as usize != self.page_bytes
+            || sb as usize != self.state_bytes
         {
             return Err("index of another model or KV layout".into());
         }
-        let entry_len = 24 + 4 * self.page_tokens;
-        if body.len() != 40 + n * entry_len {
-            return Err("index length does not match its entry count".into());
+        let page_entry = 1 + 24 + 4 * self.page_tokens;
+        let state_entry = 1 + 8;
+        let mut headers = Vec::new();
+        let mut at = HEAD;
+        for _ in 0..n {
+            let kind = body
+                .get(at)
+                .and_then(|&t| Kind::from_tag(t))
+                .ok_or("index entry of unknown kind")?;
+            let len = match kind {
+                Kind::Page => page_entry,
+                Kind::State => state_entry,
+            };
+            if at + len > body.len() {
+                return Err("index shorter than its entry count".into());
+            }
+            let hash = u64_at(at + 1);
+            headers.push(match kind {
+                Kind::Page => Header {
+                    kind,
+                    model_id: self.model_id,
+                    hash,
+                    parent_hash: u64_at(at + 9),
+                    salt: u64_at(at + 17),
+                    tokens: body[at + 25..at + len]
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                        .collect(),
+                    payload_len: self.page_bytes as u64,
+                },
+                Kind::State => Header::state(self.model_id, hash, self.state_bytes as u64),
+            });
+            at += len;
         }
-        let header_len = Header {
-            model_id: 0,
-            hash: 0,
-            parent_hash: 0,
-            salt: 0,
-            tokens: vec![0; self.page_tokens].into(),
-            payload_len: self.page_bytes as u64,
+        if at != body.len() {
+            return Err("index longer than its entry count".into());
         }
-        .file_bytes();
-        for i in 0..n {
-            let at = 40 + i * entry_len;
-            let (h, parent_hash, salt) = (u64_at(at), u64_at(at + 8), u64_at(at + 16));
-            let tokens: Box<[TokenId]> = body[at + 24..at + entry_len]
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
-            if self.disk_bytes + header_len > self.cfg.budget_bytes {
-                // A smaller budget than last time: keep the most recently used.
-                let _ = fs::remove_file(self.page_path(h));
+        // Most recently used first, so a smaller budget keeps those.
+        let mut keep = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut used = 0u64;
+        for header in headers.into_iter().rev() {
+            if !seen.insert(header.key()) {
                 continue;
             }
+            let file_bytes = header.file_bytes();
+            if used + file_bytes > self.cfg.budget_bytes {
+                let _ = fs::remove_file(entry_path(&self.dir, header.key()));
+                continue;
+            }
+            used += file_bytes;
+            keep.push(header);
+        }
+        for header in keep.into_iter().rev() {
+            let key = header.key();
+            let file_bytes = header.file_bytes();
             self.tick += 1;
-            self.lru.insert(self.tick, h);
+            self.lru.insert(self.tick, key);
+            self.held[key.0.i()] += 1;
+            self.held_bytes[key.0.i()] += file_bytes;
             self.index.insert(
-                h,
-                DiskPage {
-                    parent_hash,
-                    salt,
-                    tokens,
-                    state: State::OnDisk,
+                key,
+                Entry {
+                    header,
+                    stage: Stage::OnDisk,
                     tick: self.tick,
                     gen: 0,
-                    file_bytes: header_len,
+                    file_bytes,
                 },
             );
-            self.disk_bytes += header_len;
         }
-        Ok(self.index.len())
+        Ok(())
     }
 }
 
@@ -989,8 +1344,8 @@ impl Drop for SsdTier {
     }
 }
 
-fn page_path(dir: &Path, hash: u64) -> PathBuf {
-    dir.join(format!("{hash:016x}.page"))
+fn entry_path(dir: &Path, (kind, hash): Key) -> PathBuf {
+    dir.join(format!("{hash:016x}.{}", kind.ext()))
 }
 
 fn io_thread(dir: PathBuf, jobs: Receiver<Job>, done: Sender<Done>, fail_writes: bool) {
@@ -1000,20 +1355,20 @@ fn io_thread(dir: PathBuf, jobs: Receiver<Job>, done: Sender<Done>, fail_writes:
         while let Ok(j) = jobs.try_recv() {
             batch.push(j);
         }
-        // Reads first: a request waits on them. Reads only target pages whose write
-        // is done, so they never overtake their own page's write.
+        // Reads first: a request waits on them. Reads only target entries whose write
+        // is done, so they never overtake their own entry's write.
         let (reads, others): (Vec<Job>, Vec<Job>) =
             batch.drain(..).partition(|j| matches!(j, Job::Read { .. }));
         for job in reads.into_iter().chain(others) {
             match job {
-                Job::Read { load, idx, header } => {
+                Job::Read { load, slot, header } => {
                     let t = Instant::now();
-                    let result = read_page(&page_path(&dir, header.hash), &header);
+                    let result = read_entry(&entry_path(&dir, header.key()), &header);
                     let secs = t.elapsed().as_secs_f64();
                     if done
                         .send(Done::Read {
                             load,
-                            idx,
+                            slot,
                             result,
                             secs,
                         })
@@ -1022,18 +1377,13 @@ fn io_thread(dir: PathBuf, jobs: Receiver<Job>, done: Sender<Done>, fail_writes:
                         return;
                     }
                 }
-                Job::Write {
-                    hash,
-                    gen,
-                    header,
-                    data,
-                } => {
+                Job::Write { gen, header, data } => {
                     let t = Instant::now();
-                    let path = page_path(&dir, hash);
+                    let path = entry_path(&dir, header.key());
                     let result = if fail_writes {
                         Err("injected write failure (no space left on device)".to_string())
                     } else {
-                        write_page(&path, &header, &data)
+                        write_entry(&path, &header, &data)
                     };
                     if result.is_err() {
                         let _ = fs::remove_file(&path);
@@ -1041,7 +1391,7 @@ fn io_thread(dir: PathBuf, jobs: Receiver<Job>, done: Sender<Done>, fail_writes:
                     let secs = t.elapsed().as_secs_f64();
                     if done
                         .send(Done::Written {
-                            hash,
+                            key: header.key(),
                             gen,
                             result,
                             secs,
@@ -1051,8 +1401,8 @@ fn io_thread(dir: PathBuf, jobs: Receiver<Job>, done: Sender<Done>, fail_writes:
                         return;
                     }
                 }
-                Job::Delete { hash } => {
-                    let _ = fs::remove_file(page_path(&dir, hash));
+                Job::Delete { key } => {
+                    let _ = fs::remove_file(entry_path(&dir, key));
                 }
                 Job::Flush(reply) => {
                     let _ = reply.send(());
@@ -1062,7 +1412,7 @@ fn io_thread(dir: PathBuf, jobs: Receiver<Job>, done: Sender<Done>, fail_writes:
     }
 }
 
-fn write_page(path: &Path, header: &Header, data: &[u8]) -> Result<u64, String> {
+fn write_entry(path: &Path, header: &Header, data: &[u8]) -> Result<u64, String> {
     let head = header.bytes();
     let sum = checksum(checksum(0, &head), data);
     let mut f = fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -1075,7 +1425,7 @@ fn write_page(path: &Path, header: &Header, data: &[u8]) -> Result<u64, String> 
     Ok((head.len() + 8 + data.len()) as u64)
 }
 
-fn read_page(path: &Path, want: &Header) -> Result<Vec<u8>, String> {
+fn read_entry(path: &Path, want: &Header) -> Result<Vec<u8>, String> {
     let head = want.bytes();
     let mut f = fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut got = vec![0u8; head.len() + 8];
@@ -1083,7 +1433,7 @@ fn read_page(path: &Path, want: &Header) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("{}: header: {e}", path.display()))?;
     if got[..head.len()] != head[..] {
         return Err(format!(
-            "{}: header does not match (foreign or stale page)",
+            "{}: header does not match (foreign or stale file)",
             path.display()
         ));
     }
@@ -1100,7 +1450,6 @@ fn read_page(path: &Path, want: &Header) -> Result<Vec<u8>, String> {
     }
     Ok(data)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1264,6 +1613,7 @@ mod tests {
     fn budget_keeps_most_recent_pages_and_zero_budget_writes_nothing() {
         let dir = tmpdir("budget");
         let file = Header {
+            kind: Kind::Page,
             model_id: 0,
             hash: 0,
             parent_hash: 0,
@@ -1364,5 +1714,343 @@ mod tests {
         t.flush();
         assert!(t.poll().is_empty());
         assert!(!t.has_loads());
+    }
+
+    /// Bytes of one state checkpoint in these tests (bigger than a page, as in real
+    /// models, so budget arithmetic mixes sizes).
+    const SB: usize = 1500;
+
+    fn sdata(i: usize) -> Vec<u8> {
+        (0..SB).map(|j| (i * 17 + j * 3) as u8).collect()
+    }
+
+    fn open_s(c: SsdConfig) -> SsdTier {
+        SsdTier::open_with_states(c, 42, PT, PB, SB, page_hash).unwrap()
+    }
+
+    fn page_file() -> u64 {
+        Header {
+            kind: Kind::Page,
+            model_id: 0,
+            hash: 0,
+            parent_hash: 0,
+            salt: 0,
+            tokens: vec![0; PT].into(),
+            payload_len: PB as u64,
+        }
+        .file_bytes()
+    }
+
+    fn state_file() -> u64 {
+        Header::state(0, 0, SB as u64).file_bytes()
+    }
+
+    fn load_with_state(t: &mut SsdTier, hashes: &[u64], state: u64) -> LoadResult {
+        let id = t.start_load_with_state(hashes, Some(state));
+        loop {
+            if let Some(r) = t.wait().into_iter().find(|r| r.id == id) {
+                return r;
+            }
+        }
+    }
+
+    fn files(dir: &Path, ext: &str) -> usize {
+        fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == ext))
+            .count()
+    }
+
+    #[test]
+    fn states_are_saved_and_read_back_beside_pages() {
+        let dir = tmpdir("state-roundtrip");
+        let mut t = open_s(cfg(&dir));
+        let ch = chain(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let h = ch[1].hash;
+        for (i, e) in ch.iter().enumerate() {
+            t.save(e, data(i));
+        }
+        t.save_state(h, sdata(1));
+        // A page and the checkpoint after it share the hash but not the entry.
+        assert!(t.contains(h) && t.contains_state(h));
+        assert!(!t.contains_state(ch[0].hash));
+        let s = t.stats();
+        assert_eq!((s.pages, s.states, s.pending_states), (2, 1, 1));
+        assert_eq!((s.bytes, s.state_bytes), (2 * page_file(), state_file()));
+        // Served from the write queue's copy.
+        let r = load_with_state(&mut t, &[], h);
+        assert!(r.pages.is_empty());
+        assert_eq!(**r.state.as_ref().unwrap(), sdata(1));
+        t.flush();
+        t.drain_done();
+        let s = t.stats();
+        assert_eq!((s.pending_states, s.write_states), (0, 1));
+        assert_eq!(s.write_state_bytes, state_file());
+        assert_eq!((s.pending_pages, s.write_pages), (0, 2));
+        // From disk, after the pages.
+        let hashes = [ch[0].hash, h];
+        let r = load_with_state(&mut t, &hashes, h);
+        assert_eq!(r.n_ok(), 2);
+        assert_eq!(**r.pages[1].as_ref().unwrap(), data(1));
+        assert_eq!(**r.state.as_ref().unwrap(), sdata(1));
+        let s = t.stats();
+        assert_eq!((s.read_states, s.read_state_bytes), (1, SB as u64));
+        assert_eq!(
+            (s.served_states, s.read_pages, s.state_read_errors),
+            (2, 2, 0)
+        );
+        // Plain loads carry no state; an absent checkpoint is no read error.
+        assert!(load_all(&mut t, &hashes).state.is_none());
+        assert!(load_with_state(&mut t, &[], ch[0].hash).state.is_none());
+        assert_eq!(t.stats().state_read_errors, 0);
+        // A second save under the same hash keeps the first.
+        t.save_state(h, sdata(9));
+        assert_eq!(
+            **load_with_state(&mut t, &[], h).state.as_ref().unwrap(),
+            sdata(1)
+        );
+        // Wrong size: dropped.
+        t.save_state(ch[0].hash, vec![0; SB - 1]);
+        assert!(!t.contains_state(ch[0].hash));
+        assert_eq!(t.stats().state_writes_dropped, 1);
+        t.forget_state(h);
+        t.flush();
+        assert!(!t.contains_state(h) && t.contains(h));
+        assert_eq!(files(t.dir(), "state"), 0);
+        assert_eq!(t.stats().states, 0);
+        // A tier opened without checkpoints stores none.
+        let mut plain = open(cfg(&dir));
+        plain.save_state(h, sdata(1));
+        assert!(!plain.contains_state(h));
+        assert_eq!(plain.stats().state_writes_dropped, 1);
+    }
+
+    #[test]
+    fn corrupt_foreign_and_truncated_states_are_read_errors_and_forgotten() {
+        let dir = tmpdir("state-corrupt");
+        let mut t = open_s(cfg(&dir));
+        let ch = chain(&(0..16).collect::<Vec<_>>());
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        for (i, &h) in hs.iter().enumerate() {
+            t.save(&ch[i], data(i));
+            t.save_state(h, sdata(i));
+        }
+        t.flush();
+        t.drain_done();
+        // 0: flipped payload byte. 1: another model's id. 2: truncated. 3: a page's
+        // file (valid, but not a checkpoint) in its place.
+        let p = t.state_path(hs[0]);
+        let mut b = fs::read(&p).unwrap();
+        let n = b.len();
+        b[n - 7] ^= 4;
+        fs::write(&p, b).unwrap();
+        let p = t.state_path(hs[1]);
+        let mut b = fs::read(&p).unwrap();
+        b[8] ^= 1;
+        fs::write(&p, b).unwrap();
+        let p = t.state_path(hs[2]);
+        let b = fs::read(&p).unwrap();
+        fs::write(&p, &b[..b.len() - 100]).unwrap();
+        fs::copy(t.page_path(hs[3]), t.state_path(hs[3])).unwrap();
+        for (i, &h) in hs.iter().enumerate() {
+            let r = load_with_state(&mut t, &hs[..=i], h);
+            assert_eq!(r.n_ok(), i + 1, "pages are unaffected");
+            assert!(r.state.is_none(), "state {i}");
+            assert!(!t.contains_state(h), "state {i} is forgotten");
+        }
+        let s = t.stats();
+        assert_eq!(
+            (s.state_read_errors, s.read_states, s.served_states),
+            (4, 0, 0)
+        );
+        assert_eq!((s.read_errors, s.states, s.state_bytes), (0, 0, 0));
+        t.flush();
+        assert_eq!(files(t.dir(), "state"), 0);
+        // A load cancelled before its bad checkpoint arrives still forgets it.
+        t.save_state(hs[0], sdata(0));
+        t.flush();
+        fs::write(t.state_path(hs[0]), b"short").unwrap();
+        let id = t.start_load_with_state(&[], Some(hs[0]));
+        t.cancel_load(id);
+        t.flush();
+        assert!(t.poll().is_empty());
+        assert!(!t.contains_state(hs[0]));
+        assert_eq!(t.stats().state_read_errors, 5);
+    }
+
+    #[test]
+    fn a_state_is_delivered_when_a_page_before_it_fails() {
+        let dir = tmpdir("state-partial");
+        let mut t = open_s(cfg(&dir));
+        let ch = chain(&(0..12).collect::<Vec<_>>());
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        for (i, e) in ch.iter().enumerate() {
+            t.save(e, data(i));
+        }
+        t.save_state(hs[2], sdata(2));
+        t.flush();
+        fs::remove_file(t.page_path(hs[1])).unwrap();
+        let r = load_with_state(&mut t, &hs, hs[2]);
+        assert_eq!(r.n_ok(), 1);
+        assert!(r.pages[1].is_none() && r.pages[2].is_some());
+        assert_eq!(**r.state.as_ref().unwrap(), sdata(2));
+        assert_eq!((t.stats().read_errors, t.stats().state_read_errors), (1, 0));
+        // Pages not in the tier at all: likewise.
+        t.forget(hs[0]);
+        let r = load_with_state(&mut t, &hs, hs[2]);
+        assert_eq!(r.n_ok(), 0);
+        assert!(r.state.is_some());
+    }
+
+    #[test]
+    fn one_budget_and_lru_over_pages_and_states() {
+        let dir = tmpdir("state-budget");
+        let (pf, sf) = (page_file(), state_file());
+        assert!(sf > pf && sf < 2 * pf, "the arithmetic below assumes it");
+        let mut c = cfg(&dir);
+        c.budget_bytes = 2 * pf + sf;
+        let mut t = open_s(c.clone());
+        let ch = chain(&(0..16).collect::<Vec<_>>());
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        t.save(&ch[0], data(0));
+        t.save(&ch[1], data(1));
+        t.save_state(hs[1], sdata(1));
+        assert_eq!(t.stats().bytes + t.stats().state_bytes, c.budget_bytes);
+        // Using page 0 makes page 1 the least recently used: a new page evicts it.
+        load_all(&mut t, &hs[..1]);
+        t.save(&ch[2], data(2));
+        assert!(t.contains(hs[0]) && !t.contains(hs[1]) && t.contains_state(hs[1]));
+        assert_eq!(t.stats().evicted_pages, 1);
+        // Now the checkpoint is the least recently used.
+        t.save_state(hs[2], sdata(2));
+        assert!(!t.contains_state(hs[1]) && t.contains_state(hs[2]));
+        assert!(t.contains(hs[0]) && t.contains(hs[2]));
+        assert_eq!(t.stats().evicted_states, 1);
+        // A second checkpoint needs the room of both pages.
+        t.save_state(hs[3], sdata(3));
+        let s = t.stats();
+        assert_eq!((s.pages, s.states), (0, 2));
+        assert_eq!((s.evicted_pages, s.evicted_states), (3, 1));
+        assert_eq!((s.bytes, s.state_bytes), (0, 2 * sf));
+        t.flush();
+        assert_eq!((files(t.dir(), "page"), files(t.dir(), "state")), (0, 2));
+        drop(t);
+        // A budget below one checkpoint: checkpoints are dropped, pages kept.
+        c.budget_bytes = sf - 1;
+        let mut t = open_s(c);
+        t.save(&ch[0], data(0));
+        t.save_state(hs[0], sdata(0));
+        let s = t.stats();
+        assert_eq!((s.pages, s.states, s.state_writes_dropped), (1, 0, 1));
+    }
+
+    #[test]
+    fn failed_state_writes_drop_the_state() {
+        let dir = tmpdir("state-fail");
+        let mut c = cfg(&dir);
+        c.fail_writes = true;
+        let mut t = open_s(c);
+        t.save_state(7, sdata(0));
+        t.flush();
+        let s = t.stats();
+        assert_eq!((s.states, s.state_bytes, s.state_write_errors), (0, 0, 1));
+        assert_eq!(s.write_errors, 0);
+        assert!(!t.contains_state(7));
+    }
+
+    #[test]
+    fn persistent_index_keeps_pages_and_states() {
+        let dir = tmpdir("state-persist");
+        let mut c = cfg(&dir);
+        c.persist = true;
+        let toks: Vec<TokenId> = (0..12).collect();
+        let ch = chain(&toks);
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        let mut t = open_s(c.clone());
+        for (i, e) in ch.iter().enumerate() {
+            t.save(e, data(i));
+        }
+        t.save_state_wait(hs[0], sdata(0));
+        t.save_state_wait(hs[2], sdata(2));
+        let tier_dir = t.dir().to_path_buf();
+        drop(t);
+        let mut t = open_s(c.clone());
+        let s = t.stats();
+        assert_eq!((s.pages, s.states), (3, 2));
+        assert_eq!(
+            (s.bytes, s.state_bytes),
+            (3 * page_file(), 2 * state_file())
+        );
+        let hashes = t.continue_prefix(ROOT_HASH, 0, &toks, 10);
+        assert_eq!(hashes, hs);
+        assert!(t.contains_state(hs[0]) && !t.contains_state(hs[1]));
+        let r = load_with_state(&mut t, &hashes, hs[2]);
+        assert_eq!(r.n_ok(), 3);
+        assert_eq!(**r.state.as_ref().unwrap(), sdata(2));
+        assert_eq!(
+            **load_with_state(&mut t, &[], hs[0]).state.unwrap(),
+            sdata(0)
+        );
+        drop(t);
+        // A smaller budget keeps the most recently used entries (checkpoint 0, then
+        // checkpoint 2 and the pages it was read after).
+        let mut small = c.clone();
+        small.budget_bytes = 2 * state_file() + page_file();
+        let t = open_s(small);
+        assert!(t.contains_state(hs[0]) && t.contains_state(hs[2]));
+        assert_eq!((t.stats().pages, t.stats().states), (1, 2));
+        assert!(t.contains(hs[2]));
+        drop(t);
+        assert_eq!(files(&tier_dir, "page"), 1);
+        // Another state size is another layout: the index is foreign, files go.
+        let t = SsdTier::open_with_states(c.clone(), 42, PT, PB, SB + 8, page_hash).unwrap();
+        assert_eq!((t.stats().pages, t.stats().states), (0, 0));
+        drop(t);
+        assert_eq!(files(&tier_dir, "page") + files(&tier_dir, "state"), 0);
+        // An index of the previous version (no entry kinds) is foreign too.
+        let mut t = open_s(c.clone());
+        t.save(&ch[0], data(0));
+        t.save_state(hs[0], sdata(0));
+        drop(t);
+        let idx = tier_dir.join(INDEX_FILE);
+        let mut b = fs::read(&idx).unwrap();
+        b[..8].copy_from_slice(b"T9KVIX01");
+        let n = b.len() - 8;
+        let sum = checksum(0, &b[..n]);
+        b[n..].copy_from_slice(&sum.to_le_bytes());
+        fs::write(&idx, b).unwrap();
+        let t = open_s(c);
+        assert_eq!((t.stats().pages, t.stats().states), (0, 0));
+        assert_eq!(files(&tier_dir, "page") + files(&tier_dir, "state"), 0);
+    }
+
+    #[test]
+    fn identity_depends_on_state_bytes_only_when_present() {
+        let gguf: Vec<u8> = (0..5000).map(|i| (i % 251) as u8).collect();
+        let mut l = KvLayout {
+            n_layer: 4,
+            n_embd_k: 64,
+            n_embd_v: 64,
+            page_tokens: 16,
+            page_bytes: 4 * 2 * 64 * 16 * 2,
+            dtype: "f16",
+            device: "Cpu".into(),
+            state_bytes: 0,
+        };
+        let id0 = model_identity(&gguf, 100, &l);
+        // Without recurrent state the identity is what it was before checkpoints.
+        let desc = format!("5000:4:64:64:16:{}:f16:Cpu", l.page_bytes);
+        let old = checksum(
+            checksum(checksum(0x7e3b_0d59_1c2a_4f61, &gguf[..100]), &gguf),
+            desc.as_bytes(),
+        );
+        assert_eq!(id0, old);
+        l.state_bytes = 4096;
+        let id1 = model_identity(&gguf, 100, &l);
+        l.state_bytes = 8192;
+        let id2 = model_identity(&gguf, 100, &l);
+        assert!(id0 != id1 && id1 != id2 && id0 != id2);
+        assert_eq!(id2, model_identity(&gguf, 100, &l));
     }
 }

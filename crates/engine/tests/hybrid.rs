@@ -1,9 +1,9 @@
 //! A hybrid model (Qwen3.5: gated-DeltaNet layers with a recurrent state, gated
 //! attention every fourth layer) in the engine, on the synthetic `qwen35-tiny` file:
 //! every running request owns a state slot, counted in the KV budget and freed when
-//! it ends or is preempted; a preempted request recomputes from its prompt and
-//! yields what it yields alone; a repeated prompt is not a prefix hit (no state
-//! checkpoint can restore it yet).
+//! it ends or is preempted; a preempted request resumes from its newest state
+//! checkpoint (or its prompt) and yields what it yields alone; a repeated prompt
+//! resumes at its prompt's last checkpoint (`hybrid_prefix.rs` tests prefix reuse).
 
 mod common;
 
@@ -30,14 +30,17 @@ fn core(
     kv_bytes: usize,
     max_running: usize,
 ) -> EngineCore {
-    let config = EngineConfig {
+    EngineCore::new(model.clone(), tok.clone(), config(kv_bytes, max_running)).expect("engine")
+}
+
+fn config(kv_bytes: usize, max_running: usize) -> EngineConfig {
+    EngineConfig {
         deterministic: true,
         threads: 2,
         kv_budget_bytes: Some(kv_bytes),
         max_running,
         ..EngineConfig::default()
-    };
-    EngineCore::new(model.clone(), tok.clone(), config).expect("engine")
+    }
 }
 
 fn greedy(prompt: Vec<u32>, n: usize) -> Request {
@@ -73,7 +76,8 @@ fn state_slots_are_counted_freed_and_preemption_recomputes() {
     let st = c.stats();
     let ssm = model.hparams().ssm.expect("hybrid");
     let recurrent_layers = model.hparams().is_recurrent.iter().filter(|&&r| r).count();
-    assert_eq!(st.recurrent.n_slots, 8);
+    // Eight live slots, and checkpoint slots from the rest of the budget.
+    assert!(st.recurrent.n_slots > 8 + 16, "{:?}", st.recurrent);
     assert_eq!(
         st.state_slot_bytes,
         recurrent_layers * 4 * (ssm.conv_state_len() + ssm.ssm_state_len())
@@ -84,22 +88,34 @@ fn state_slots_are_counted_freed_and_preemption_recomputes() {
     }
     let st = c.stats();
     assert_eq!(
-        (st.recurrent.live, st.recurrent.free),
-        (0, 8),
+        (
+            st.recurrent.live,
+            st.recurrent.free + st.recurrent.checkpoints
+        ),
+        (0, st.recurrent.n_slots),
         "{:?}",
         st.recurrent
     );
     assert_eq!(st.kv_pages_used, 0);
 
-    // The same prompt again: no prefix hit (its state cannot be restored).
+    // The same prompt again: a hit up to its last checkpoint (the last page
+    // boundary at least 16 tokens before its end), the same tokens.
     let again = run_batch(&mut c, vec![greedy(ps[1].clone(), 24)]).remove(0);
-    assert_eq!(again.finish.usage.cached_tokens, 0);
+    assert_eq!(again.finish.usage.cached_tokens, 256);
     assert_eq!(again.tokens, alone[1].tokens);
 
     // A budget of the states plus 8 pages (the 300-token prompt needs 5 with its
     // output): later requests are preempted and recompute from their prompts.
+    // (Checkpoint slots take part of any budget: grow it until 8 pages remain.)
     let page_bytes = st.page_bytes;
-    let mut tight = core(&model, &tok, 4 * st.state_slot_bytes + 8 * page_bytes, 4);
+    let mut budget = 4 * st.state_slot_bytes + 8 * page_bytes;
+    let mut tight = loop {
+        let c = EngineCore::new(model.clone(), tok.clone(), config(budget, 4));
+        match c {
+            Ok(c) if c.stats().kv_pages_total >= 8 => break c,
+            _ => budget += page_bytes,
+        }
+    };
     let out = run_batch(
         &mut tight,
         ps.iter().map(|p| greedy(p.clone(), 24)).collect(),
@@ -112,8 +128,9 @@ fn state_slots_are_counted_freed_and_preemption_recomputes() {
             "preempted run: prompt {i} differs from alone"
         );
     }
-    assert_eq!(tight.stats().recurrent.live, 0);
-    eprintln!("{preempted} preemptions, all outputs identical to alone");
+    let st = tight.stats().recurrent;
+    assert_eq!(st.live, 0);
+    eprintln!("{preempted} preemptions, all outputs identical to alone; {st:?}");
 }
 
 /// A budget below the running requests' states is a configuration error.

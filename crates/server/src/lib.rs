@@ -639,6 +639,41 @@ fn recurrent_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
         "Bytes of one recurrent state slot (every recurrent layer's states).",
         s.state_slot_bytes as f64,
     );
+    gauge(
+        out,
+        "tempo9_kv_state_checkpoint_bytes",
+        "Bytes of state checkpoints kept in RAM for prefix hits.",
+        (x.checkpoints * s.state_slot_bytes) as f64,
+    );
+    for (name, help, v) in [
+        (
+            "taken",
+            "State checkpoints taken (prompt positions, junctions, answer pages).",
+            x.taken,
+        ),
+        (
+            "hits",
+            "Requests that resumed from a state checkpoint in RAM.",
+            x.hits,
+        ),
+        (
+            "evicted",
+            "State checkpoints evicted from RAM to make room (to the SSD tier when on).",
+            x.evicted,
+        ),
+        (
+            "dropped",
+            "State checkpoints dropped (replaced by a deeper one of the same answer, or a failed copy).",
+            x.dropped,
+        ),
+    ] {
+        crate::metrics::counter(
+            out,
+            &format!("tempo9_kv_state_checkpoints_{name}_total"),
+            help,
+            v,
+        );
+    }
 }
 
 /// Pages and bytes in each KV tier, hits per tier, SSD read/write volume and time
@@ -672,6 +707,54 @@ fn kv_tier_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
         "tempo9_kv_ssd_budget_bytes",
         "Disk budget of the SSD tier.",
         x.budget_bytes as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_ssd_states",
+        "Recurrent-state checkpoints in the SSD tier (hybrid models; on disk or queued).",
+        x.states as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_ssd_state_bytes",
+        "Bytes of recurrent-state checkpoint files in the SSD tier.",
+        x.state_bytes as f64,
+    );
+    for (name, help, v) in [
+        (
+            "served",
+            "State checkpoints read back from the SSD tier for requests.",
+            x.served_states,
+        ),
+        (
+            "written",
+            "State checkpoints written to the SSD tier.",
+            x.write_states,
+        ),
+        (
+            "read_errors",
+            "State checkpoint reads that failed (the request recomputes).",
+            x.state_read_errors,
+        ),
+        (
+            "evicted",
+            "State checkpoints removed from the SSD tier to stay within its budget.",
+            x.evicted_states,
+        ),
+    ] {
+        counter(out, &format!("tempo9_kv_ssd_states_{name}_total"), help, v);
+    }
+    counter(
+        out,
+        "tempo9_kv_ssd_state_read_bytes_total",
+        "Bytes of state checkpoints read from the SSD tier.",
+        x.read_state_bytes,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_state_write_bytes_total",
+        "Bytes of state checkpoints written to the SSD tier.",
+        x.write_state_bytes,
     );
     gauge(
         out,

@@ -159,8 +159,8 @@ impl EngineCore {
     /// arrive together); a few steps later they are a prefix-cache hit.
     pub(super) fn prefix_in_flight(&self, w: &Live, usable: usize) -> bool {
         if self.cache.recurrent().is_some() {
-            // No hit without a state checkpoint: waiting would not help.
-            return false;
+            // A hit needs a state checkpoint: wait only for one that is coming.
+            return self.state_in_flight(w, usable);
         }
         let ps = self.cache.page_size();
         let cached = self
@@ -191,6 +191,7 @@ impl EngineCore {
         let cost = self.cost_us();
         self.waiting
             .sort_by_key(|s| sort_key(policy, &s.progress(), cost));
+        self.add_junction_targets(None);
         loop {
             if self.running.len() + self.loading.len() >= self.config.max_running {
                 return self.waiting.is_empty();
@@ -231,10 +232,24 @@ impl EngineCore {
                 return false;
             }
             let mut s = self.waiting.remove(i);
-            let m = self
-                .cache
-                .allocate(s.id, &s.tokens[..usable], 0)
-                .expect("a waiting request holds no pages");
+            let tokens = &s.tokens[..usable];
+            let junction = self.cache.lookup_full(tokens, 0).n_cached_tokens;
+            // A hybrid model with an SSD tier may resume deeper than its RAM hit.
+            let resume = self.hybrid_resume(tokens);
+            let at = resume.as_ref().map(|r| {
+                self.cache
+                    .allocate_at(s.id, tokens, 0, r.ram_pages, r.state)
+            });
+            let (m, resume) = match at {
+                Some(Ok(m)) => (m, resume),
+                // Its RAM pages did not fit: the RAM hit alone, as without a tier.
+                _ => (
+                    self.cache
+                        .allocate(s.id, tokens, 0)
+                        .expect("a waiting request holds no pages"),
+                    None,
+                ),
+            };
             debug_assert_eq!(m.n_cached_tokens % CHUNK_ALIGN, 0);
             self.mark_copy_sources(&s, 0);
             let first_admission = !s.admitted_before;
@@ -245,11 +260,19 @@ impl EngineCore {
                 self.stats.prompt_tokens_total += s.usage.prompt_tokens as u64;
             }
             s.n_computed = m.n_cached_tokens;
-            if let Some(mut s) = self.ssd_begin_load(s, usable, &m, first_admission) {
+            self.plan_state_targets(&mut s, junction);
+            let ready = match resume {
+                Some(r) => self.ssd_begin_hybrid_load(s, r, &m, first_admission),
+                None => self.ssd_begin_load(s, usable, &m, first_admission),
+            };
+            if let Some(mut s) = ready {
                 if first_admission {
                     self.copy_partial_page(&mut s, &m);
                 }
                 self.running.push(s);
+                // Prompts still waiting may part from this one deeper than any
+                // checkpoint: it checkpoints there for them.
+                self.add_junction_targets(Some(self.running.len() - 1));
             }
         }
     }

@@ -18,8 +18,10 @@
 //! are written to disk and read back for later hits ([`tier`]).
 
 mod admission;
+mod checkpoints;
 mod output;
 mod runner;
+mod state_tier;
 mod tier;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -101,6 +103,22 @@ pub struct EngineConfig {
     /// prompt that forks there reuses the prefix; more often costs more memory (a
     /// window per checkpoint). See [`crate::sliding`].
     pub window_checkpoint_tokens: usize,
+    /// Recurrent-state layers (hybrid models) checkpoint a long prompt's state every
+    /// this many tokens (a multiple of `page_tokens`; 0: only at prompt ends, answer
+    /// pages and where prompts part), so a later prompt that parts from it anywhere
+    /// recomputes fewer than this many tokens. Each checkpoint costs a state slot
+    /// ([`EngineStats::state_slot_bytes`]), which the KV budget sets aside per page
+    /// of cached prefix. See `crate::core::checkpoints`.
+    pub state_checkpoint_tokens: usize,
+    /// Hybrid models also checkpoint the state after each page an answer fills
+    /// (keeping the deepest), so an agent's next turn, which repeats the answer,
+    /// skips recomputing it. Off by default: that state is the one decoding
+    /// computed, which rounds apart from computing the answer as part of a prompt,
+    /// so the next turn's numbers are no longer exactly those of computing it from
+    /// scratch (as reusing the answer's K/V pages is not for any model); off, an
+    /// answer is recomputed once, as part of the next prompt, and checkpointed
+    /// there exactly.
+    pub answer_state_checkpoints: bool,
 }
 
 impl Default for EngineConfig {
@@ -120,6 +138,8 @@ impl Default for EngineConfig {
             deterministic: false,
             swa_full: false,
             window_checkpoint_tokens: 8192,
+            state_checkpoint_tokens: 2048,
+            answer_state_checkpoints: false,
         }
     }
 }
@@ -168,6 +188,30 @@ fn split_budget(
         return (same, same);
     }
     (n, m)
+}
+
+/// Of `budget` bytes left after the running requests' live states, the bytes for
+/// pages and the number of state checkpoint slots of `slot_bytes` each: a checkpoint
+/// per [`EngineConfig::state_checkpoint_tokens`] of cached pages, plus two per
+/// running request (a prompt's junction and end, or an answer's last page), as far
+/// as the budget allows (at most half of it goes to checkpoints).
+fn split_state_budget(
+    budget: usize,
+    page_bytes: usize,
+    slot_bytes: usize,
+    config: &EngineConfig,
+) -> (usize, usize) {
+    let fixed = (2 * config.max_running).min(budget / 2 / slot_bytes.max(1));
+    let rest = budget - fixed * slot_bytes;
+    let every = config.state_checkpoint_tokens;
+    if every == 0 {
+        return (rest, fixed);
+    }
+    // Per page: its bytes and its share of a checkpoint.
+    let share = config.page_tokens as f64 / every as f64;
+    let n_pages = rest as f64 / (page_bytes as f64 + share * slot_bytes as f64);
+    let n = ((share * n_pages) as usize).min(rest / 2 / slot_bytes.max(1));
+    (rest - n * slot_bytes, fixed + n)
 }
 
 /// A quarter of the machine's memory (4 GiB when it cannot be read).
@@ -343,6 +387,12 @@ struct Live {
     /// Leading prompt cells another prompt may copy (see [`crate::partial_page`]);
     /// 0 until its prompt is computed.
     exact_cells: usize,
+    /// With a recurrent group: prompt positions (page boundaries, ascending) where
+    /// a step ends and the state is checkpointed (see [`checkpoints`]).
+    state_targets: Vec<usize>,
+    /// With a recurrent group: the page hash of the checkpoint its answer last took
+    /// (replaced as the answer fills pages).
+    answer_checkpoint: Option<u64>,
 }
 
 impl Live {
@@ -368,6 +418,12 @@ impl Live {
             n_prompt: self.n_prompt,
             n_computed: self.n_computed,
             n_tokens: self.tokens.len(),
+            stop_at: self
+                .state_targets
+                .iter()
+                .copied()
+                .find(|&t| t > self.n_computed)
+                .unwrap_or(usize::MAX),
         }
     }
 }
@@ -383,6 +439,11 @@ struct Loading {
     hashes: Vec<u64>,
     /// Whether this is the request's first admission (its usage counts the hit).
     first_admission: bool,
+    /// A hybrid model's load: the page hash of the state checkpoint read back into
+    /// the request's state slot after the pages (`None`: its state is a RAM
+    /// checkpoint's copy, or zeros); unless every page and the state come back, the
+    /// request returns to waiting.
+    state: Option<Option<u64>>,
 }
 
 /// The engine's state and step loop (single-threaded; see the module docs).
@@ -454,23 +515,33 @@ impl EngineCore {
             GroupKind::Full => unreachable!("only group 0 is full attention"),
         });
         // A recurrent group: one state slot (F32 states of every recurrent layer)
-        // per running request, taken from the budget first.
-        let recurrent = groups
+        // per running request, taken from the budget first; checkpoint slots share
+        // the rest with the pages (`split_state_budget`).
+        let slot_bytes = groups
             .iter()
             .find(|g| g.kind == GroupKind::Recurrent)
             .zip(hp.ssm)
-            .map(|(g, ssm)| {
-                let slot_bytes = g.layers.len() * (ssm.conv_state_len() + ssm.ssm_state_len()) * 4;
-                (config.max_running, slot_bytes)
-            });
+            .map(|(g, ssm)| g.layers.len() * (ssm.conv_state_len() + ssm.ssm_state_len()) * 4);
+        let every = config.state_checkpoint_tokens;
+        if slot_bytes.is_some() && !every.is_multiple_of(ps) {
+            return Err(EngineError::Config(format!(
+                "state checkpoint interval {every} is not a multiple of the page size {ps}"
+            )));
+        }
         let budget = config.kv_budget_bytes.unwrap_or_else(default_kv_budget);
-        let state_bytes = recurrent.map_or(0, |(n, b)| n * b);
-        let page_budget = budget.checked_sub(state_bytes).ok_or_else(|| {
+        let live_bytes = slot_bytes.map_or(0, |b| config.max_running * b);
+        let page_budget = budget.checked_sub(live_bytes).ok_or_else(|| {
             EngineError::Config(format!(
-                "KV budget of {budget} bytes is below the recurrent states of {} running requests ({state_bytes} bytes)",
+                "KV budget of {budget} bytes is below the recurrent states of {} running requests ({live_bytes} bytes)",
                 config.max_running
             ))
         })?;
+        let (page_budget, n_checkpoints) = match slot_bytes {
+            Some(b) => split_state_budget(page_budget, page_bytes, b, &config),
+            None => (page_budget, 0),
+        };
+        let recurrent = slot_bytes.map(|b| (config.max_running + n_checkpoints, b));
+        let state_bytes = recurrent.map_or(0, |(n, b)| n * b);
         let (n_pages, n_sliding) = split_budget(page_budget, page_bytes, sliding, &config);
         if n_pages * ps < KV_WINDOW_PAD {
             return Err(EngineError::Config(format!(
@@ -520,6 +591,10 @@ impl EngineCore {
             }
             (None, None) => KvCache::new(pool),
         };
+        let mut cache = cache;
+        if let (Some(r), true) = (cache.recurrent_mut(), ssd.is_some()) {
+            r.set_eviction_log(true);
+        }
         Ok(EngineCore {
             model,
             tok,
@@ -677,6 +752,8 @@ impl EngineCore {
             },
             admitted_before: false,
             exact_cells: 0,
+            state_targets: Vec::new(),
+            answer_checkpoint: None,
         };
         if r.max_tokens == 0 {
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -760,7 +837,9 @@ impl EngineCore {
             );
         }
         let t1 = std::time::Instant::now();
+        let taken = self.cache.stats().recurrent.map_or(0, |r| r.taken);
         self.after_step(work, &mut out);
+        let checkpoints = self.cache.stats().recurrent.map_or(0, |r| r.taken) - taken;
         let step_s = started.elapsed().as_secs_f64();
         self.stats.step_seconds_total += step_s;
         // Where a step's time goes: planning (admission, scheduling), building the
@@ -774,6 +853,7 @@ impl EngineCore {
             assemble_ms = (t0 - started - planned).as_secs_f64() * 1e3,
             forward_ms = forward_s * 1e3,
             sample_ms = t1.elapsed().as_secs_f64() * 1e3,
+            checkpoints,
             step_ms = step_s * 1e3,
             "step"
         );

@@ -3,9 +3,7 @@
 //! pass (with constraint masks computed meanwhile), then committing the KV to the
 //! prefix cache and sampling.
 
-use tempo9_models::{
-    CellRun, GroupKind, KvView, MaskBuilder, ModelError, SeqSpan, StepBatch, StepOutput,
-};
+use tempo9_models::{CellRun, KvView, MaskBuilder, ModelError, SeqSpan, StepBatch, StepOutput};
 
 use super::output::{sample_one, take_token};
 use super::{EngineCore, Live};
@@ -249,11 +247,7 @@ impl EngineCore {
     /// Sets up the state slots of sequences started since the last step: zeros for
     /// one computed from its first token, a checkpoint's copy for a prefix hit.
     fn init_states(&mut self) -> Result<(), ModelError> {
-        let Some(g) = self
-            .groups
-            .iter()
-            .position(|g| g.kind == GroupKind::Recurrent)
-        else {
+        let Some(g) = self.recurrent_group() else {
             return Ok(());
         };
         for init in self.cache.take_state_inits() {
@@ -270,6 +264,7 @@ impl EngineCore {
     /// computed, sends events and ends finished requests.
     pub(super) fn after_step(&mut self, work: &[Work], out: &mut StepOutput) {
         let n_vocab = self.model.hparams().n_vocab;
+        let answer_checkpoints = self.config.answer_state_checkpoints;
         // Output rows follow the batch order.
         let mut row = 0;
         let mut finished: Vec<(RequestId, FinishReason)> = Vec::new();
@@ -277,8 +272,16 @@ impl EngineCore {
             let i = self.running_index(w.id).expect("planned requests run");
             let s = &mut self.running[i];
             s.n_computed = w.end;
+            // A hybrid model reuses a prefix only where its state was checkpointed:
+            // without answer checkpoints, pages an answer filled would only shadow
+            // the exactly computed twins of a later prompt that repeats the answer.
+            let committed = if self.cache.recurrent().is_some() && !answer_checkpoints {
+                s.n_computed.min(s.n_prompt)
+            } else {
+                s.n_computed
+            };
             self.cache
-                .commit(s.id, &s.tokens[..s.n_computed])
+                .commit(s.id, &s.tokens[..committed])
                 .expect("cells were appended");
             if w.end == s.n_prompt {
                 // A later prompt is likely to fork at or after this one's end.
@@ -315,6 +318,8 @@ impl EngineCore {
             }
             self.stats.generated_tokens_total += 1;
         }
+        // Before a finished request frees its state slot.
+        self.take_state_checkpoints(work);
         for (id, reason) in finished {
             let i = self.running_index(id).expect("still running");
             let s = self.running.remove(i);

@@ -3,9 +3,10 @@
 //! back into fresh RAM pages before the request is scheduled, and a persistent tier
 //! gets the RAM cache on shutdown.
 //!
-//! The tier holds the full-attention group's pages (group 0 of the KV store). A
-//! model with a sliding-window group keeps those layers' windows in RAM only, so a
-//! hit there needs them in RAM and the continuation on disk is not used.
+//! The tier holds the full-attention group's pages (group 0 of the KV store), and a
+//! hybrid model's recurrent-state checkpoints (`state_tier`). A model with a
+//! sliding-window group keeps those layers' windows in RAM only, so a hit there
+//! needs them in RAM and the continuation on disk is not used.
 
 use tempo9_models::{KvStore, Model};
 
@@ -26,11 +27,24 @@ pub(super) fn open_ssd(model: &Model, kv: &KvStore, ps: usize, cfg: SsdConfig) -
         page_bytes: kv.cells_bytes(0, ps),
         dtype: "f16",
         device: format!("{:?}", model.device().kind()),
+        state_bytes: kv
+            .groups()
+            .iter()
+            .position(|g| g.kind == tempo9_models::GroupKind::Recurrent)
+            .map_or(0, |g| kv.cells_bytes(g, 1)),
     };
     let gguf = model.gguf();
     let id = crate::ssd::model_identity(gguf.bytes(), gguf.data_offset() as usize, &layout);
     let dir = cfg.dir.clone();
-    match SsdTier::open(cfg, id, ps, layout.page_bytes, crate::pages::page_hash) {
+    let opened = SsdTier::open_with_states(
+        cfg,
+        id,
+        ps,
+        layout.page_bytes,
+        layout.state_bytes,
+        crate::pages::page_hash,
+    );
+    match opened {
         Ok(t) => {
             tracing::info!(dir = %t.dir().display(), budget_mib = t.stats().budget_bytes >> 20,
                 "KV SSD tier on");
@@ -117,6 +131,7 @@ impl EngineCore {
             first_page: m.pages.len(),
             hashes,
             first_admission,
+            state: None,
         });
         None
     }
@@ -138,6 +153,13 @@ impl EngineCore {
                 continue;
             };
             let l = self.loading.remove(i);
+            if let Some(state) = l.state {
+                self.finish_state_load(l, r, state);
+                continue;
+            }
+            let Some(ssd) = self.ssd.as_mut() else {
+                return;
+            };
             let mut s = l.live;
             let table = self
                 .cache
@@ -179,6 +201,7 @@ impl EngineCore {
     /// Copies the KV of pages the pool evicted since the last call to the SSD tier
     /// (before any model step can overwrite them).
     pub(super) fn ssd_save_evicted(&mut self) {
+        self.ssd_save_evicted_states();
         let Some(ssd) = self.ssd.as_mut() else {
             return;
         };
@@ -237,5 +260,6 @@ impl EngineCore {
                 ssd.save_wait(&e, data);
             }
         }
+        self.ssd_persist_ram_states();
     }
 }

@@ -1,0 +1,181 @@
+//! Where a hybrid model's recurrent state is checkpointed, so that later prompts
+//! resume from it instead of recomputing from their first token (see
+//! [`crate::recurrent`]).
+//!
+//! A state exists only at the end of a step, so a checkpoint position is a point
+//! where the scheduler ends the request's prompt piece ([`Progress::stop_at`]). Each
+//! admission plans its positions ([`EngineCore::plan_state_targets`]), all page
+//! boundaries that leave at least [`ROW_GROUP`] prompt tokens after them (as a hit
+//! does, so the rest is computed with the same arithmetic as without the stop):
+//! - every [`EngineConfig::state_checkpoint_tokens`] tokens of a long prompt, so a
+//!   prompt that parts from it anywhere recomputes less than that;
+//! - the junction: the last page boundary of the full-attention match, when the
+//!   deepest checkpoint lies before it (the second prompt of a family recomputes
+//!   from there once and checkpoints the junction; later ones hit it);
+//! - the prompt's last such boundary (the next turn of an agent continues there).
+//!
+//! A prompt waiting for a shared prefix that a running prompt is computing adds its
+//! junction to that prompt's positions and waits for it
+//! ([`EngineCore::add_junction_targets`]). An agent's next turn repeats its answer:
+//! it resumes at the previous prompt's end, recomputes the answer as part of its
+//! prompt and checkpoints where the cached pages end (its junction). With
+//! [`EngineConfig::answer_state_checkpoints`], the state after each page an answer
+//! fills is checkpointed instead, replacing the answer's previous one, and the next
+//! turn resumes at the answer's last page; that state is the one decoding computed,
+//! not what computing the answer as a prompt gives (see that setting).
+//!
+//! [`Progress::stop_at`]: crate::scheduler::Progress
+//! [`EngineConfig::state_checkpoint_tokens`]: super::EngineConfig::state_checkpoint_tokens
+//! [`EngineConfig::answer_state_checkpoints`]: super::EngineConfig::answer_state_checkpoints
+
+use tempo9_models::GroupKind;
+
+use super::{EngineCore, Live};
+use crate::partial_page::ROW_GROUP;
+use crate::scheduler::Work;
+
+impl EngineCore {
+    /// The recurrent group's index in the KV store.
+    pub(super) fn recurrent_group(&self) -> Option<usize> {
+        self.groups
+            .iter()
+            .position(|g| g.kind == GroupKind::Recurrent)
+    }
+
+    /// The deepest position of `s`'s prompt a checkpoint may be taken at.
+    fn last_target(&self, s: &Live) -> usize {
+        let ps = self.cache.page_size();
+        s.n_prompt.saturating_sub(ROW_GROUP) / ps * ps
+    }
+
+    /// Plans where `s`, just admitted with its first `s.n_computed` tokens cached,
+    /// checkpoints its prompt; `junction`: the tokens of its full-attention match.
+    pub(super) fn plan_state_targets(&self, s: &mut Live, junction: usize) {
+        s.state_targets.clear();
+        if self.cache.recurrent().is_none() {
+            return;
+        }
+        let last = self.last_target(s);
+        let start = s.n_computed;
+        let every = self.config.state_checkpoint_tokens;
+        let mut t: Vec<usize> = Vec::new();
+        if let Some(n) = last.checked_div(every) {
+            t.extend((1..=n).map(|i| i * every));
+        }
+        t.push(junction.min(last));
+        t.push(last);
+        t.retain(|&p| p > start && p > 0);
+        t.sort_unstable();
+        t.dedup();
+        s.state_targets = t;
+    }
+
+    /// For each waiting prompt that shares a page or more beyond its own hit with a
+    /// running prompt still computing it (`only`: the running request at that
+    /// index, else all): makes that prompt checkpoint the last page boundary they
+    /// share, so the waiting one resumes there ([`Self::prefix_in_flight`] holds it
+    /// back until then).
+    pub(super) fn add_junction_targets(&mut self, only: Option<usize>) {
+        if self.cache.recurrent().is_none() || self.waiting.is_empty() {
+            return;
+        }
+        let ps = self.cache.page_size();
+        let running = match only {
+            Some(i) => i..i + 1,
+            None => 0..self.running.len(),
+        };
+        let mut adds: Vec<(usize, usize)> = Vec::new();
+        for w in &self.waiting {
+            let usable = self.usable_prefix(w);
+            let cached = self
+                .cache
+                .lookup_prefix(&w.tokens[..usable], 0)
+                .n_cached_tokens;
+            for i in running.clone() {
+                let r = &self.running[i];
+                if r.n_computed >= r.n_prompt {
+                    continue;
+                }
+                let common = w.tokens[..usable]
+                    .iter()
+                    .zip(&r.tokens[..r.n_prompt])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let t = common.min(self.last_target(r)) / ps * ps;
+                if t > r.n_computed && t >= cached + ps {
+                    adds.push((i, t));
+                }
+            }
+        }
+        for (i, t) in adds {
+            let targets = &mut self.running[i].state_targets;
+            if let Err(at) = targets.binary_search(&t) {
+                targets.insert(at, t);
+            }
+        }
+    }
+
+    /// Whether `w` (hybrid model) shares a prompt with a running request that will
+    /// checkpoint a page boundary deeper than `w`'s own hit: admitted after that,
+    /// it resumes there.
+    pub(super) fn state_in_flight(&self, w: &Live, usable: usize) -> bool {
+        let ps = self.cache.page_size();
+        let cached = self
+            .cache
+            .lookup_prefix(&w.tokens[..usable], 0)
+            .n_cached_tokens;
+        self.running.iter().any(|r| {
+            let common = w.tokens[..usable]
+                .iter()
+                .zip(&r.tokens[..r.n_prompt])
+                .take_while(|(a, b)| a == b)
+                .count();
+            r.state_targets
+                .iter()
+                .any(|&t| t > r.n_computed && t >= cached + ps && t <= common)
+        })
+    }
+
+    /// After a step: checkpoints the states of the requests whose piece ended at one
+    /// of their positions, or whose answer just filled a page (before any of them
+    /// ends and frees its slot).
+    pub(super) fn take_state_checkpoints(&mut self, work: &[Work]) {
+        let Some(g) = self.recurrent_group() else {
+            return;
+        };
+        let ps = self.cache.page_size();
+        let mut copies = Vec::new();
+        for w in work {
+            let i = self.running_index(w.id).expect("planned requests run");
+            let s = &mut self.running[i];
+            let answer = self.config.answer_state_checkpoints
+                && w.end > s.n_prompt
+                && w.end.is_multiple_of(ps);
+            // Positions a hit or a load from the SSD tier went past are dropped.
+            let target = s.state_targets.contains(&w.end);
+            s.state_targets.retain(|&t| t > w.end);
+            if !answer && !target {
+                continue;
+            }
+            let Some((copy, hash)) = self.cache.take_checkpoint(s.id, &s.tokens[..w.end]) else {
+                continue;
+            };
+            if answer {
+                // One checkpoint per answer: the deepest.
+                if let Some(old) = s.answer_checkpoint.replace(hash) {
+                    self.cache.drop_checkpoint(old);
+                }
+            }
+            tracing::debug!(id = s.id, at = w.end, answer, "state checkpoint taken");
+            copies.push((copy, hash));
+        }
+        // Evicted checkpoints go to the SSD tier before their slots are written.
+        self.ssd_save_evicted_states();
+        for (c, hash) in copies {
+            if let Err(e) = self.kv.copy_cells(g, c.from as usize, c.to as usize, 1) {
+                tracing::warn!(error = %e, "state checkpoint copy failed; dropped");
+                self.cache.drop_checkpoint(hash);
+            }
+        }
+    }
+}
