@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
-"""Measure characters per token of the suite's system prompt on both models with
-llama-server's /tokenize (llama.cpp-specific; used only to size prompts, never
-to measure). Prints the ratios and the token counts of the standard sizes.
+"""Measure characters per token of the suite's system prompt on the models'
+tokenizers with llama-server's /tokenize (llama.cpp-specific; used only to size
+prompts, never to measure). Prints the ratios and the token counts of the standard
+sizes; put the "project part" ratio into prompts.CHARS_PER_TOKEN_BY_MODEL (the
+project context is what fills the larger prompts).
 
-    python3 bench/suite/calibrate.py
+    python3 bench/suite/calibrate.py [MODEL_KEY ...] [--models-dir DIR]
+
+Default: every key of engines.MODELS whose file is in the models directory.
 """
 
+import argparse
+import json
 import os
 import sys
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -17,12 +24,15 @@ from engines import MODELS, LlamaCpp  # noqa: E402
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("keys", nargs="*", help="model keys (default: all whose file exists)")
+    ap.add_argument("--models-dir", default=os.path.expanduser("~/.cache/tempo9/models"))
+    a = ap.parse_args()
     eng = LlamaCpp()
-    for key, f in MODELS.items():
-        path = os.path.join(os.path.expanduser("~/.cache/tempo9/models"), f)
+    keys = a.keys or [k for k, f in MODELS.items() if os.path.exists(os.path.join(a.models_dir, f))]
+    for key in keys:
+        path = os.path.join(a.models_dir, MODELS[key])
         with eng.server(path, ctx=2048, parallel=1) as srv:
-            import json
-            import urllib.request
 
             def ntok(text):
                 req = urllib.request.Request(srv.base + "/tokenize", data=json.dumps({"content": text}).encode(),
@@ -39,7 +49,9 @@ def main():
                 s = prompts.system_prompt(t, prompts.cpt(key))
                 print("   target %5d -> %5d tokens" % (t, ntok(s)))
             m = prompts.agent_messages("", 0, 9)
-            print("   agent 0 history after 9 steps: %d tokens" % ntok("".join(x["content"] for x in m)))
+            text = "".join(x["content"] for x in m)
+            n = ntok(text)
+            print("   agent 0 history after 9 steps: %d chars, %d tokens (%.2f c/t)" % (len(text), n, len(text) / n))
 
 
 if __name__ == "__main__":

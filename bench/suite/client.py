@@ -1,8 +1,9 @@
 """Streaming OpenAI chat-completions client with client-side timing (stdlib only).
 
 `chat(base, messages, ...)` POSTs /v1/chat/completions with "stream": true and
-"stream_options": {"include_usage": true}, reads the server-sent events and
-returns a dict of times measured on this side of the socket:
+"stream_options": {"include_usage": true} (plus the model's REQUEST_EXTRA fields,
+e.g. chat_template_kwargs), reads the server-sent events and returns a dict of
+times measured on this side of the socket:
 
   ttft_s     request sent -> first chunk whose delta carries non-empty content
              (or reasoning_content / tool_calls): what a client sees as
@@ -23,6 +24,10 @@ import threading
 import time
 import urllib.parse
 
+# Fields added to every request body (before `extra`): set by run.py per model from
+# engines.MODEL_REQUEST (e.g. chat_template_kwargs), the same for every engine.
+REQUEST_EXTRA = {}
+
 
 def chat(base, messages, max_tokens=16, temperature=0.0, extra=None, timeout=900, stop_event=None,
          delta_times=None):
@@ -32,6 +37,7 @@ def chat(base, messages, max_tokens=16, temperature=0.0, extra=None, timeout=900
     u = urllib.parse.urlparse(base)
     body = {"messages": messages, "stream": True, "max_tokens": max_tokens, "temperature": temperature,
             "stream_options": {"include_usage": True}}
+    body.update(REQUEST_EXTRA)
     if extra:
         body.update(extra)
     data = json.dumps(body).encode("utf-8")

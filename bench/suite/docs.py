@@ -33,7 +33,11 @@ Both engines are measured in every table. Machine: 2 shared CPU cores, so
 absolute numbers drift between runs; compare engines within one run. Tables
 tagged `(h200…)` ran on the lent NVIDIA H200 (`scripts/gpu/run-h200.sh suite`) on a
 synthetic Llama-3.1-8B-shape Q4_K file: Tempo9 alone, except `(h200-llama)`, where
-llama.cpp's `llama-server` runs beside it with the same CUDA backend library. The SSD tier has its own harnesses (`bench/ssd/run.py`: a long prefix
+llama.cpp's `llama-server` runs beside it with the same CUDA backend library;
+`(h200-hybrid)` tables ran both engines there on the synthetic 40-layer
+Qwen3.5-35B-A3B-shape Q3_K file (`run-h200.sh hybridbench1` / `hybridbench2`) and
+`(qwen35moe-4l)` tables on this CPU on its first 4 layers (hybrid: gated DeltaNet +
+attention, 256 experts; bench/suite/README.md "Hybrid Qwen3.5-MoE files"). The SSD tier has its own harnesses (`bench/ssd/run.py`: a long prefix
 evicted and read back; `bench/ssd/agents.py`: many agents through a small RAM
 budget); their newest tables
 close this page.

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,11 +37,38 @@ MODELS = {
     "smollm2": "smollm2-135m-instruct-q4_1.gguf",
     "qwen": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     "gemma3": "gemma-3-270m-q4_k_m.gguf",
+    # Synthetic hybrid Qwen3.5-MoE files (random weights, `tempo9 synth-gguf`): gated
+    # DeltaNet in 3 of every 4 layers, full attention in the 4th; 256 experts, 8 routed
+    # + 1 shared. Written with llama.cpp's qwen35 vocabulary (151,936 tokens: Qwen's BPE)
+    # and the Qwen3.5 chat template, so prompts tokenize like a real Qwen model's; see
+    # README "Hybrid Qwen3.5-MoE files" for the commands.
+    "qwen35moe-4l": "qwen35moe-35b-a3b-4layers-q4_k-chat.gguf",   # CPU: 4 of the 40 layers, Q4_K
+    "qwen35moe-35b": "qwen35moe-35b-a3b-q3_k-chat.gguf",          # H200: all 40 layers + MTP, Q3_K
+    # scripts/synth-models.py: 8 small layers, llama.cpp's qwen35 vocabulary (151,936
+    # tokens) and the Qwen3.5 chat template (thinking on by default): smoke tests only.
+    "qwen35moe-tiny": "qwen35moe-tiny.gguf",
 }
 MODEL_INFO = {
     "smollm2": "SmolLM2-135M-Instruct Q4_1 (8K trained context)",
     "qwen": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (32K trained context)",
     "gemma3": "Gemma 3 270M Q4_K_M (32K trained context; 15 of 18 layers slide over 512 tokens)",
+    "qwen35moe-4l": "synthetic Qwen3.5-35B-A3B shape, first 4 of 40 layers (3 gated-DeltaNet + 1 attention), "
+                    "Q4_K, random weights; qwen35 vocabulary (151,936 tokens) and Qwen3.5 chat template; "
+                    "262K trained context",
+    "qwen35moe-35b": "synthetic Qwen3.5-35B-A3B shape, all 40 layers (30 gated-DeltaNet + 10 attention) and the "
+                     "MTP block, Q3_K, random weights; qwen35 vocabulary (151,936 tokens) and Qwen3.5 chat "
+                     "template; 262K trained context",
+    "qwen35moe-tiny": "synthetic tiny Qwen3.5-MoE (8 layers, width 128), Q8_0, random weights, qwen35 "
+                      "vocabulary and Qwen3.5 chat template; 262K trained context",
+}
+# Fields added to every chat request for a model, the same for every engine (recorded in
+# the result). Qwen3.5's template opens a <think> block unless thinking is switched off;
+# llama-server and Tempo9 both take `chat_template_kwargs.enable_thinking`, so both render
+# the same no-thinking prompt (a template without the variable ignores it).
+MODEL_REQUEST = {
+    "qwen35moe-4l": {"chat_template_kwargs": {"enable_thinking": False}},
+    "qwen35moe-35b": {"chat_template_kwargs": {"enable_thinking": False}},
+    "qwen35moe-tiny": {"chat_template_kwargs": {"enable_thinking": False}},
 }
 
 
@@ -87,6 +115,23 @@ def read_memory(pid, model_path):
     return out
 
 
+def gpu_memory_used():
+    """Device memory in use on all NVIDIA GPUs together (bytes), from `nvidia-smi`;
+    None where there is none (the CPU machine). Device-wide, not per process: process
+    ids inside containers rarely match nvidia-smi's, so a server's share is taken as
+    the growth since just before it started (see ServerProcess.memory)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        vals = [int(x) for x in r.stdout.split()]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return sum(vals) * 1024 * 1024 if r.returncode == 0 and vals else None
+
+
 # ------------------------------------------------------------------ process
 
 
@@ -120,6 +165,7 @@ class ServerProcess:
         self.base = "http://127.0.0.1:%d" % port
         fd, self.log = tempfile.mkstemp(prefix="bench-%s-" % self.name, suffix=".log")
         self._logf = os.fdopen(fd, "w")
+        self.gpu_base = gpu_memory_used()  # device memory in use before this server (None: no GPU)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env)
         self.pid = self.proc.pid
@@ -163,7 +209,18 @@ class ServerProcess:
             return f.read()
 
     def memory(self, model_path):
-        return read_memory(self.pid, model_path)
+        """Host memory of the process (read_memory); on a GPU machine also `gpu_used`:
+        the growth of device memory in use since just before this server started, which
+        is this server's own while it is the only one running (startup-memory,
+        fill-memory, prefix-hit; with two servers up at once it includes the later one's),
+        and `gpu_used_device`, all device memory in use."""
+        m = read_memory(self.pid, model_path)
+        if self.gpu_base is not None:
+            used = gpu_memory_used()
+            if used is not None:
+                m["gpu_used_device"] = used
+                m["gpu_used"] = used - self.gpu_base
+        return m
 
     def __enter__(self):
         return self
@@ -206,6 +263,10 @@ class LlamaCpp:
             cmd += ["-lv", "4"]
         cmd += self.extra
         env = dict(os.environ)
+        # A llama-server built without an $ORIGIN rpath (scripts/gpu/prepare.sh stages
+        # one) finds its libraries only this way; only this process gets it.
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in (os.path.dirname(cmd[0]), env.get("LD_LIBRARY_PATH"))
+                                                 if x)
         if not self.allow_amx:
             env["LD_PRELOAD"] = no_amx_shim()
         srv = ServerProcess("llamacpp", cmd, env=env)

@@ -23,8 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import prompts  # noqa: E402
+import client  # noqa: E402
 from client import chat  # noqa: E402
-from engines import MODELS, EngineUnavailable, LlamaCpp, Tempo9  # noqa: E402
+from engines import MODEL_REQUEST, MODELS, EngineUnavailable, LlamaCpp, Tempo9  # noqa: E402
 from scenarios import agents_ctx  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -61,6 +62,7 @@ def main():
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
     model_path = os.path.join(a.models_dir, MODELS[a.model])
+    client.REQUEST_EXTRA = MODEL_REQUEST.get(a.model, {})  # e.g. thinking off, as run.py sends
     started = datetime.datetime.now(datetime.timezone.utc)
     runs = []
     for key in a.engines.split(","):

@@ -29,7 +29,9 @@ import random
 # Characters per token of system_prompt() output, measured with llama-server
 # /tokenize (bench/suite/calibrate.py). Used only to size prompts.
 CHARS_PER_TOKEN = 3.9
-CHARS_PER_TOKEN_BY_MODEL = {"smollm2": 3.62, "qwen": 4.25, "gemma3": 3.58}
+CHARS_PER_TOKEN_BY_MODEL = {"smollm2": 3.62, "qwen": 4.25, "gemma3": 3.58,
+                            # the synthetic Qwen3.5-MoE files carry llama.cpp's qwen35 vocabulary
+                            "qwen35moe-4l": 4.24, "qwen35moe-35b": 4.24, "qwen35moe-tiny": 4.24}
 
 
 def cpt(model_key):

@@ -29,8 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import charts  # noqa: E402
+import client  # noqa: E402
 import scenarios as sc  # noqa: E402
-from engines import MODEL_INFO, MODELS, REPO, make_engines  # noqa: E402
+from engines import MODEL_INFO, MODEL_REQUEST, MODELS, REPO, make_engines  # noqa: E402
 
 SCENARIOS = ["agents", "agents-1.5k", "agents-10k", "startup-memory", "fill-memory", "prefix-hit", "decode",
              "throughput", "interference"]
@@ -61,7 +62,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=SCENARIOS)
     ap.add_argument("--engines", default="llamacpp,tempo9", help="comma list: llamacpp, tempo9")
-    ap.add_argument("--model", default=None, help="smollm2, qwen or a comma list (default per scenario)")
+    ap.add_argument("--model", default=None, help="a key of engines.MODELS (smollm2, qwen, gemma3, qwen35moe-4l, "
+                    "qwen35moe-35b, qwen35moe-tiny) or a comma list (default per scenario)")
     ap.add_argument("--models-dir", default=os.path.expanduser("~/.cache/tempo9/models"))
     ap.add_argument("--tempo9", default=os.path.expanduser("~/.cache/tempo9/target/release/tempo9"))
     ap.add_argument("--tempo9-extra", default="", help="extra args for the Tempo9 server")
@@ -251,7 +253,10 @@ def rerender(paths):
             f.write("\n")
         stem = os.path.splitext(path)[0]
         write_markdown(result, result["summary"], stem)
-        charts.render(result, stem + ".png")
+        try:
+            charts.render(result, stem + ".png")
+        except Exception as e:  # noqa: BLE001 (e.g. no matplotlib here)
+            print("warning: chart not written: %s" % e, file=sys.stderr)
         print("re-rendered", stem)
 
 
@@ -278,6 +283,11 @@ def main(argv=None):
     if a.timeout_s:
         signal.alarm(a.timeout_s)
     models = (a.model or DEFAULT_MODEL[scen]).split(",")
+    for m in models:
+        if m not in MODELS:
+            raise SystemExit("unknown model %r (%s)" % (m, ", ".join(MODELS)))
+        if not os.path.exists(os.path.join(a.models_dir, MODELS[m])):
+            raise SystemExit("model %s: %s not found" % (m, os.path.join(a.models_dir, MODELS[m])))
     engines, skipped = make_engines(a.engines.split(","), a)
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
@@ -288,7 +298,9 @@ def main(argv=None):
                               argv),
         "host": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "params": {k: v for k, v in vars(a).items() if k not in ("out_dir",)},
-        "models": {m: {"file": MODELS[m], "info": MODEL_INFO[m]} for m in models},
+        "models": {m: dict({"file": MODELS[m], "info": MODEL_INFO[m]},
+                           **({"request_extra": MODEL_REQUEST[m]} if m in MODEL_REQUEST else {}))
+                   for m in models},
         "engines": {e.key: e.describe() for e in engines},
         "skipped": skipped,
         "runs": [],
@@ -313,6 +325,7 @@ def main(argv=None):
     try:
         for model in models:
             path = os.path.join(a.models_dir, MODELS[model])
+            client.REQUEST_EXTRA = MODEL_REQUEST.get(model, {})  # same fields for every engine
             if a.interleave and (scen == "throughput" or scen.startswith("agents")):
                 print("[%s] %s on %s, interleaved x%d" % (
                     scen, " and ".join(e.name for e in engines), model, a.interleave), flush=True)

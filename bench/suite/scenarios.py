@@ -235,6 +235,15 @@ def summarize_agents(result):
                              r["wall_s"]])
             if v.get("truncated"):
                 notes.append("%s %s: %s" % (label, eng, v["truncated"]))
+            share = []
+            for r in v["rounds"]:
+                pt = sum(t for t in r["prompt_tokens"] if t)
+                ct = [c for c in r.get("cached_tokens", []) if c is not None]
+                if pt and ct:
+                    share.append("round %d %.0f%%" % (r["round"] + 1, 100.0 * sum(ct) / pt))
+            if share:
+                notes.append("%s %s: prompt tokens served from the prefix cache (usage cached_tokens / prompt "
+                             "tokens): %s" % (label, eng, ", ".join(share)))
             notes.append("%s %s: first request prompt %s tokens (system prompt + task), -c %s, -np %s" % (
                 label, eng, sys_tokens, v["ctx"], v["np"]))
         panels.append({"title": "%s: TTFT per round (range over rounds)" % base, "unit": "s",
@@ -274,28 +283,41 @@ def _mem_panels(result, level_key, tag_fmt, title):
         for run in result["runs"]:
             if run["model"] != model:
                 continue
-            for metric, mt in (("rss_minus_model", "RSS − GGUF"), ("VmRSS", "RSS")):
+            for metric, mt in (("rss_minus_model", "RSS − GGUF"), ("VmRSS", "RSS"), ("gpu_used", "GPU")):
                 pts = [{"tag": tag_fmt(lv[level_key]), "value": _mb(lv["memory"][metric])}
-                       for lv in run["data"]["levels"] if lv.get("memory")]
-                prow.append({"label": "%s %s" % (run["engine"], mt), "engine": run["engine"], "points": pts})
-        panels.append({"title": "%s, %s: RSS and RSS minus resident GGUF pages" % (title, model), "unit": "MB",
-                       "better": "lower", "rows": prow})
+                       for lv in run["data"]["levels"] if lv.get("memory") and metric in lv["memory"]]
+                if pts or metric != "gpu_used":
+                    prow.append({"label": "%s %s" % (run["engine"], mt), "engine": run["engine"], "points": pts})
+        gpu = any(r["label"].endswith(" GPU") for r in prow)
+        panels.append({"title": "%s, %s: RSS and RSS minus resident GGUF pages%s" % (
+            title, model, " (host), GPU memory" if gpu else ""), "unit": "MB", "better": "lower", "rows": prow})
     return panels
+
+
+GPU_NOTE = ("GPU MB = growth of the device memory in use (nvidia-smi, all of it, not per process) from just "
+            "before the server started: the server's weights, KV cache / state, compute buffers and CUDA context, "
+            "as only one server runs at a time.")
+
+
+def _has_gpu_memory(result):
+    return any("gpu_used" in (lv.get("memory") or {}) for run in result["runs"]
+               for lv in run["data"].get("levels", []))
 
 
 def summarize_startup_memory(result):
     panels = _mem_panels(result, "ctx", lambda c: "%dK" % (c // 1024), "startup")
     rows, notes = [], []
+    gpu = _has_gpu_memory(result)
     for run in result["runs"]:
         for lv in run["data"]["levels"]:
             m = lv.get("memory")
             res = (lv.get("server") or {}).get("resolved") or {}
             if not m:
-                rows.append([run["model"], run["engine"], lv["ctx"], "failed", "", "", "", "", ""])
+                rows.append([run["model"], run["engine"], lv["ctx"], "failed", "", "", "", "", ""] + [""] * gpu)
                 continue
             rows.append([run["model"], run["engine"], lv["ctx"], _mb(m["VmRSS"]), _mb(m["rss_minus_model"]),
                          _mb(m["model_file_rss"]), _mb(m.get("RssAnon")), res.get("kv_buffer_mib"),
-                         res.get("n_ctx_slot")])
+                         res.get("n_ctx_slot")] + ([_mb(m.get("gpu_used"))] if gpu else []))
     for run in result["runs"]:
         capped = [lv["ctx"] for lv in run["data"]["levels"]
                   if ((lv.get("server") or {}).get("resolved") or {}).get("n_ctx_slot") not in (None, lv["ctx"])]
@@ -306,8 +328,11 @@ def summarize_startup_memory(result):
     notes.append("RSS − resident GGUF = VmRSS minus the resident pages of the mmap'd model file (/proc/PID/smaps). "
                  "For llama.cpp it still contains the CPU_REPACK copies of the weights (anonymous memory) and the "
                  "KV cache, which llama.cpp allocates and zero-fills for the whole declared context at start.")
+    if gpu:
+        notes.append(GPU_NOTE)
     table = {"header": ["model", "engine", "declared ctx", "RSS MB", "RSS − GGUF MB", "GGUF resident MB",
-                        "RssAnon MB", "KV buffer MiB (log)", "n_ctx_slot (log)"], "rows": rows}
+                        "RssAnon MB", "KV buffer MiB (log)", "n_ctx_slot (log)"] + (["GPU MB"] if gpu else []),
+             "rows": rows}
     return {"panels": panels, "table": table, "notes": notes}
 
 
@@ -358,18 +383,32 @@ def summarize_fill_memory(result):
         return "start" if t == 0 else _k(t)
     panels = _mem_panels(result, "target_tokens", tag, "fill")
     rows = []
+    gpu = _has_gpu_memory(result)
     for run in result["runs"]:
         base = run["data"]["levels"][0]["memory"]
         for lv in run["data"]["levels"]:
             m = lv["memory"]
             req = lv.get("request") or {}
+            g = []
+            if gpu:
+                g = [_mb(m.get("gpu_used")), _mb(m["gpu_used"] - base["gpu_used"])
+                     if m.get("gpu_used") is not None and base.get("gpu_used") is not None else None]
             rows.append([run["model"], run["engine"], run["data"]["ctx"], req.get("prompt_tokens", 0),
                          _mb(m["VmRSS"]), _mb(m["rss_minus_model"]), _mb(m["rss_minus_model"] - base["rss_minus_model"]),
-                         lv.get("wall_s")])
+                         lv.get("wall_s")] + g)
     table = {"header": ["model", "engine", "declared ctx", "tokens in context", "RSS MB", "RSS − GGUF MB",
-                        "growth since start MB", "fill request s"], "rows": rows}
+                        "growth since start MB", "fill request s"] +
+             (["GPU MB", "GPU growth since start MB"] if gpu else []), "rows": rows}
     notes = ["Each level is one request whose prompt extends the previous one (same prefix), so only the new "
              "part is prefilled; memory is read 'settle' seconds after the response."]
+    if gpu:
+        notes.append(GPU_NOTE)
+    for run in result["runs"]:
+        reqs = [lv["request"] for lv in run["data"]["levels"][2:] if lv.get("request")]
+        if reqs and not any(_cached(r) for r in reqs):
+            notes.append("%s %s: no prompt tokens served from cache after the first level (cached %s): every level "
+                         "prefilled its whole prompt." % (run["engine"], run["model"],
+                                                           ", ".join(str(_cached(r)) for r in reqs)))
     for run in result["runs"]:
         if run["data"].get("truncated"):
             notes.append("%s %s: %s" % (run["engine"], run["model"], run["data"]["truncated"]))

@@ -4,7 +4,9 @@
 #   .ggml-src/  ggml's source from the SAME llama-cpp-sys-2 crate the binary links
 #               (only the CUDA and CPU folders kept; ~9 MB), built there by build-cuda.sh;
 #   .gpu-carry/ the stripped tempo9 binary and the ggml shared libraries it loads
-#               (libggml-base, libggml, libggml-cpu) from the cargo target dir;
+#               (libggml-base, libggml, libggml-cpu) from the cargo target dir, and in
+#               vocab/ llama.cpp's qwen35 vocabulary and two Qwen chat templates
+#               (from $TEMPO9_VOCAB, for the synthetic Qwen3-family files);
 #   .llama-src/ the same crate's llama.cpp, pruned (src, common, vendor, ggml with
 #               only its CPU and CUDA backends; ~18 MB), plus tools/llama-bench, for
 #               llama-bench.sh (the reference numbers). The crate ships no
@@ -85,5 +87,15 @@ strip "$root/.gpu-carry/tempo9"
 for l in libggml-base.so.0 libggml.so.0 libggml-cpu.so.0; do
     cp -L "$bin/$l" "$root/.gpu-carry/"
 done
+# The vocabulary and chat templates the synthetic Qwen3-family files are written with
+# (run-h200.sh steps qwen and hybridbench), from scripts/fetch-models.sh vocab.
+voc=${TEMPO9_VOCAB:-$HOME/.cache/tempo9/vocab}
+if [ -f "$voc/ggml-vocab-qwen35.gguf" ]; then
+    mkdir -p "$root/.gpu-carry/vocab/templates"
+    cp "$voc/ggml-vocab-qwen35.gguf" "$root/.gpu-carry/vocab/"
+    cp "$voc/templates/Qwen3.5-4B.jinja" "$voc/templates/Qwen-Qwen3-0.6B.jinja" "$root/.gpu-carry/vocab/templates/"
+else
+    echo "no $voc/ggml-vocab-qwen35.gguf (scripts/fetch-models.sh vocab): run-h200.sh qwen and hybridbench need it" >&2
+fi
 du -sh "$root/.ggml-src" "$root/.gpu-carry" "$root"/.llama-src "$root"/.llama-server 2>/dev/null || true
 "$root/.gpu-carry/tempo9" --version

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix offload stash real pack
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench hybridbench hybridbench1 hybridbench2 pack
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -51,6 +51,18 @@
 #           shape (q4_k) written with synth-gguf; single-stream pp512 / tg256 and
 #           1/8/32/64 streams on each
 #   qwenbench  llama-bench -p 512 -n 256 -fa 1 on the two published shapes (after `qwenbig`)
+#   hybridbench1, hybridbench2  the benchmark suite on the hybrid Qwen3.5-35B-A3B shape (40
+#           layers, Q3_K, MTP block; written by synth-gguf like `qwenbig`'s file but with the
+#           qwen35 vocabulary and the Qwen3.5 chat template carried in .gpu-carry/vocab, so
+#           suite sizes are real tokens; suite key qwen35moe-35b), Tempo9 against llama-server
+#           from the same CUDA build (.llama-server carried; Tempo9 alone otherwise).
+#           hybridbench1: agents-1.5k (3 rounds) and agents-10k (2 rounds); hybridbench2:
+#           prefix-hit (15K prefix, 3 warm), startup-memory (8K/32K/64K/128K) and
+#           fill-memory (4K/16K/31K in 32K); GPU memory from nvidia-smi. Each fits one
+#           600 s call with `build` (unpacked from .gpu-cache) and the file's writing, and so
+#           does `hybridbench` (both halves: ~5.5 min measured on 2026-12-03); every suite
+#           run's --timeout-s is cut to what is left of HYBRID_DEADLINE (default 570 s from
+#           the script's start). Carry .gpu-carry .llama-server and .gpu-cache (or .ggml-src)
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -74,7 +86,9 @@ llama_server_ready() {
         cp "$root/.gpu-carry/libggml-cuda.so" "$lb/"
         cp "$root/.llama-server/build_info.json" "$work/" 2>/dev/null || true
     fi
-    "$lb/llama-server" --list-devices 2>&1 | tee -a "$out/run.log" | grep -q CUDA0 || return 1
+    # (the staged build may lack an $ORIGIN rpath; the suite passes its directory in
+    # LD_LIBRARY_PATH to llama-server alone)
+    LD_LIBRARY_PATH="$lb" "$lb/llama-server" --list-devices 2>&1 | tee -a "$out/run.log" | grep -q CUDA0 || return 1
     export LLAMA_CPP_BIN_DIR="$lb"
 }
 
@@ -420,6 +434,61 @@ if has qwenbench; then
         done
     else
         tail -30 "$work/llama-build.log"
+    fi
+fi
+
+if has hybridbench || has hybridbench1 || has hybridbench2; then
+    say hybridbench
+    [ -f "$root/.gpu-carry/libggml-cuda.so" ] || { echo "no libggml-cuda.so: run the build step first"; exit 1; }
+    V="$root/.gpu-carry/vocab"
+    [ -f "$V/ggml-vocab-qwen35.gguf" ] && [ -f "$V/templates/Qwen3.5-4B.jinja" ] || {
+        echo "no qwen35 vocabulary/template in .gpu-carry/vocab (scripts/gpu/prepare.sh stages them)"; exit 1; }
+    mkdir -p "$work/models" "$out/suite"
+    hf="$work/models/qwen35moe-35b-a3b-q3_k-chat.gguf"  # bench/suite/engines.py MODELS["qwen35moe-35b"]
+    if [ ! -f "$hf" ]; then
+        t0=$SECONDS
+        $T synth-gguf --preset qwen3.5-35b-a3b --mtp --quant q3_k --unique-mib 4 \
+            --vocab "$V/ggml-vocab-qwen35.gguf" --template "$V/templates/Qwen3.5-4B.jinja" \
+            --out "$hf.part" 2>>"$out/run.log" && mv "$hf.part" "$hf" || { echo "synth-gguf failed"; exit 1; }
+        echo "wrote $(basename "$hf") ($(du -h "$hf" | cut -f1)) in $((SECONDS - t0)) s" | tee -a "$out/run.log"
+    fi
+    engines=tempo9 lx=""
+    note="H200, synthetic Qwen3.5-35B-A3B-shape Q3_K (40 layers: 30 gated-DeltaNet + 10 attention, 256 experts, MTP block; random weights; qwen35 vocabulary and Qwen3.5 chat template, thinking off), Tempo9 on ggml's CUDA backend"
+    if llama_server_ready; then
+        engines=llamacpp,tempo9
+        lx="--device CUDA0"
+        lver=$(cat "$root/.llama-server/VERSION" 2>/dev/null); [ -n "$lver" ] || lver="llama.cpp b11434"
+        note="$note; llama.cpp: llama-server of $lver with the same CUDA backend library, its defaults (all layers on the GPU) and --device CUDA0"
+    else
+        echo "no llama-server for the GPU: Tempo9 only"
+    fi
+    H=(python3 "$root/bench/suite/run.py" --engines "$engines" --model qwen35moe-35b --models-dir "$work/models"
+       --tempo9 "$T" --tempo9-extra=--device=cuda "--llama-extra=$lx" --out-dir "$out/suite"
+       --tag "${HYBRID_TAG:-.h200-hybrid}" --note "$note")
+    # hsuite CAP SCENARIO ARGS...: one suite run, its --timeout-s the smaller of CAP and what
+    # is left of HYBRID_DEADLINE (seconds since the script started) less 15 s for its own
+    # start and the result writing; skipped when under 60 s are left.
+    hsuite() {
+        local cap=$1 left=$(( ${HYBRID_DEADLINE:-570} - SECONDS - 15 ))
+        shift
+        [ "$left" -lt "$cap" ] && cap=$left
+        if [ "$cap" -lt 60 ]; then
+            echo "skipped $1: ${cap} s left of HYBRID_DEADLINE" | tee -a "$out/run.log"; return
+        fi
+        say "suite $1 (--timeout-s $cap)"
+        "${H[@]}" "$@" --timeout-s "$cap" 2>&1 | tail -${HYBRID_TAIL:-25}
+    }
+    # HYBRID_INTERLEAVE=N: agents as N repetitions on fresh servers of both engines, rounds
+    # back to back (run.py --interleave; both 15 GB models on the GPU at once).
+    il=(); [ "${HYBRID_INTERLEAVE:-0}" != 0 ] && il=(--interleave "$HYBRID_INTERLEAVE")
+    if has hybridbench1 || has hybridbench; then
+        hsuite 170 agents-1.5k "${il[@]}"
+        hsuite 330 agents-10k "${il[@]}"
+    fi
+    if has hybridbench2 || has hybridbench; then
+        hsuite 120 prefix-hit --prefix-sizes 15000
+        hsuite 180 startup-memory
+        hsuite 150 fill-memory
     fi
 fi
 
