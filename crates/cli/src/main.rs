@@ -132,7 +132,7 @@ pub struct ModelArgs {
     pub swa_checkpoint: usize,
     /// Hybrid models (Qwen3.5: recurrent-state layers) checkpoint a long prompt's
     /// state every this many tokens (a multiple of --page-tokens), so a prompt that
-    /// parts from a cached one anywhere recomputes fewer than this many tokens. Prompt
+    /// parts from a cached one anywhere recomputes fewer than 1.25 times this many tokens. Prompt
     /// ends and the points where prompts part are always checkpointed. Each
     /// checkpoint costs one state slot (tempo9_kv_state_slot_bytes); 0 = only those.
     #[arg(long, value_name = "TOKENS", default_value_t = 2048)]

@@ -239,8 +239,23 @@ impl KvStore {
         to: usize,
         n: usize,
     ) -> Result<(), ModelError> {
-        let data = self.read_cells(group, from, n)?;
-        self.write_cells(group, to, n, &data)
+        assert!(
+            from.max(to) + n <= self.cells[group],
+            "cells {from}/{to}+{n} out of range of group {group}"
+        );
+        // One layer's rows at a time through one buffer: a hybrid model's state slot
+        // is tens of MB (63 MB for Qwen3.5-35B-A3B), and a fresh buffer of that size
+        // per copy costs more in page faults than the copy itself.
+        let mut buf = Vec::new();
+        for &il in &self.groups[group].layers {
+            for t in [self.k(il), self.v(il)] {
+                let row = t.nb()[1];
+                buf.resize(n * row, 0);
+                t.read_bytes(from * row, &mut buf)?;
+                t.write_bytes(to * row, &buf)?;
+            }
+        }
+        Ok(())
     }
 
     /// K pool of layer `il`: `[n_embd_k, n_cells(group_of(il))]`.

@@ -8,7 +8,9 @@
 //! boundaries that leave at least [`ROW_GROUP`] prompt tokens after them (as a hit
 //! does, so the rest is computed with the same arithmetic as without the stop):
 //! - every [`EngineConfig::state_checkpoint_tokens`] tokens of a long prompt, so a
-//!   prompt that parts from it anywhere recomputes less than that;
+//!   prompt that parts from it anywhere recomputes less than that (less than 1.25
+//!   times that: an interval position within a quarter interval before another
+//!   position is skipped, as each position costs a step boundary and a copy);
 //! - the junction: the last page boundary of the full-attention match, when the
 //!   deepest checkpoint lies before it (the second prompt of a family recomputes
 //!   from there once and checkpoints the junction; later ones hit it);
@@ -58,12 +60,15 @@ impl EngineCore {
         let last = self.last_target(s);
         let start = s.n_computed;
         let every = self.config.state_checkpoint_tokens;
-        let mut t: Vec<usize> = Vec::new();
+        let mut t: Vec<usize> = vec![junction.min(last), last];
+        // Interval positions, but none within a quarter interval before another
+        // position (each costs the request a step boundary and a state copy): a
+        // prompt parting anywhere still recomputes fewer than 1.25 intervals.
         if let Some(n) = last.checked_div(every) {
-            t.extend((1..=n).map(|i| i * every));
+            let near = |p: usize| t.iter().any(|&q| q > p && q - p < every / 4);
+            let interval: Vec<usize> = (1..=n).map(|i| i * every).filter(|&p| !near(p)).collect();
+            t.extend(interval);
         }
-        t.push(junction.min(last));
-        t.push(last);
         t.retain(|&p| p > start && p > 0);
         t.sort_unstable();
         t.dedup();

@@ -106,9 +106,10 @@ pub struct EngineConfig {
     /// Recurrent-state layers (hybrid models) checkpoint a long prompt's state every
     /// this many tokens (a multiple of `page_tokens`; 0: only at prompt ends, answer
     /// pages and where prompts part), so a later prompt that parts from it anywhere
-    /// recomputes fewer than this many tokens. Each checkpoint costs a state slot
-    /// ([`EngineStats::state_slot_bytes`]), which the KV budget sets aside per page
-    /// of cached prefix. See `crate::core::checkpoints`.
+    /// recomputes fewer than 1.25 times this many tokens (an interval position a
+    /// quarter interval or less before another one is skipped). Each checkpoint
+    /// costs a state slot ([`EngineStats::state_slot_bytes`]), which the KV budget
+    /// sets aside per page of cached prefix. See `crate::core::checkpoints`.
     pub state_checkpoint_tokens: usize,
     /// Hybrid models also checkpoint the state after each page an answer fills
     /// (keeping the deepest), so an agent's next turn, which repeats the answer,
