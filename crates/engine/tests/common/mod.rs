@@ -56,7 +56,7 @@ pub fn load(file: &str) -> Option<Arc<Model>> {
 
 /// The repository's tests/fixtures directory.
 pub fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    manifest_dir().join("../../tests/fixtures")
 }
 
 /// Reads a fixture JSON file under tests/fixtures.
@@ -142,4 +142,13 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// The crate's directory: cargo's `CARGO_MANIFEST_DIR` when it runs the test (a test
+/// binary reused from a cache built in another checkout keeps that checkout's path
+/// at compile time), else the compile-time one.
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

@@ -46,7 +46,7 @@ pub fn open_model(file: &str) -> Option<GgufFile> {
 
 /// `tests/fixtures` at the workspace root.
 pub fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    manifest_dir().join("../../tests/fixtures")
 }
 
 /// Loads a fixture file; a missing fixture fails the test.
@@ -88,4 +88,13 @@ pub fn vocab_file(rel: &str) -> Option<PathBuf> {
         path.display()
     );
     None
+}
+
+/// The crate's directory: cargo's `CARGO_MANIFEST_DIR` when it runs the test (a test
+/// binary reused from a cache built in another checkout keeps that checkout's path
+/// at compile time), else the compile-time one.
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
