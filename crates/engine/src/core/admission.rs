@@ -171,12 +171,7 @@ impl EngineCore {
             if r.n_computed >= r.n_prompt {
                 return false;
             }
-            let common = w.tokens[..usable]
-                .iter()
-                .zip(&r.tokens[..r.n_prompt])
-                .take_while(|(a, b)| a == b)
-                .count();
-            common / ps * ps >= cached + ps
+            r.shared_prompt(&w.tokens[..usable]) / ps * ps >= cached + ps
         })
     }
 

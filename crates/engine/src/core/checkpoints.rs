@@ -75,11 +75,11 @@ impl EngineCore {
         s.state_targets = t;
     }
 
-    /// For each waiting prompt that shares a page or more beyond its own hit with a
-    /// running prompt still computing it (`only`: the running request at that
-    /// index, else all): makes that prompt checkpoint the last page boundary they
-    /// share, so the waiting one resumes there ([`Self::prefix_in_flight`] holds it
-    /// back until then).
+    /// For each waiting prompt next in line that shares a page or more beyond its
+    /// own hit with a running prompt still computing it (`only`: the running
+    /// request at that index, else all): makes that prompt checkpoint the last page
+    /// boundary they share, so the waiting one resumes there
+    /// ([`Self::prefix_in_flight`] holds it back until then).
     pub(super) fn add_junction_targets(&mut self, only: Option<usize>) {
         if self.cache.recurrent().is_none() || self.waiting.is_empty() {
             return;
@@ -90,7 +90,9 @@ impl EngineCore {
             None => 0..self.running.len(),
         };
         let mut adds: Vec<(usize, usize)> = Vec::new();
-        for w in &self.waiting {
+        // Those next in line (the waiting list is in policy order): a step compares
+        // at most `max_running` waiting prompts with each running one.
+        for w in self.waiting.iter().take(self.config.max_running) {
             let usable = self.usable_prefix(w);
             let cached = self
                 .cache
@@ -101,11 +103,7 @@ impl EngineCore {
                 if r.n_computed >= r.n_prompt {
                     continue;
                 }
-                let common = w.tokens[..usable]
-                    .iter()
-                    .zip(&r.tokens[..r.n_prompt])
-                    .take_while(|(a, b)| a == b)
-                    .count();
+                let common = r.shared_prompt(&w.tokens[..usable]);
                 let t = common.min(self.last_target(r)) / ps * ps;
                 if t > r.n_computed && t >= cached + ps {
                     adds.push((i, t));
@@ -130,11 +128,7 @@ impl EngineCore {
             .lookup_prefix(&w.tokens[..usable], 0)
             .n_cached_tokens;
         self.running.iter().any(|r| {
-            let common = w.tokens[..usable]
-                .iter()
-                .zip(&r.tokens[..r.n_prompt])
-                .take_while(|(a, b)| a == b)
-                .count();
+            let common = r.shared_prompt(&w.tokens[..usable]);
             r.state_targets
                 .iter()
                 .any(|&t| t > r.n_computed && t >= cached + ps && t <= common)

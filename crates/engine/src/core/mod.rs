@@ -411,6 +411,15 @@ impl Live {
             && self.sampler.is_plain_greedy()
     }
 
+    /// Leading tokens of `tokens` that its prompt shares.
+    fn shared_prompt(&self, tokens: &[u32]) -> usize {
+        tokens
+            .iter()
+            .zip(&self.tokens[..self.n_prompt])
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
+
     /// What the scheduler sees of it.
     fn progress(&self) -> Progress {
         Progress {
