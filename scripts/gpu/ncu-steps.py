@@ -10,6 +10,8 @@ summed kernel time (no launch gaps), DRAM bytes read+written and their rate, and
 table per kernel name. With --json prints the same as one JSON object per file.
 With --by-step: Tempo9's greedy steps end in an argmax kernel; prints every whole
 step between two of them (rows from the rms_norm grid, kernel time per name).
+With --sum: every kernel of each file summed per name (a prompt step, where no step
+repeats), the files side by side.
 """
 import csv
 import json
@@ -93,7 +95,29 @@ def by_step(path):
             print(f"{ns / 1e3:9.1f} us {c:5d} {100 * ns / total:5.1f} %  {n[:80]}")
 
 
+def sums(paths):
+    tables = []
+    for path in paths:
+        by = OrderedDict()
+        for k in load(path):
+            g = by.setdefault(k["name"], [0, 0.0])
+            g[0] += 1
+            g[1] += k.get("gpu__time_duration.sum", 0)
+        total = sum(g[1] for g in by.values())
+        tables.append((path, total, by))
+        print(f"== {path}: {sum(g[0] for g in by.values())} kernels, {total / 1e3:.0f} us")
+    names = sorted({n for _, _, by in tables for n in by},
+                   key=lambda n: -max(by.get(n, [0, 0.0])[1] for _, _, by in tables))
+    print(" | ".join(f"{'us':>9} {'n':>5}" for _ in tables) + "  kernel")
+    for n in names[:40]:
+        cells = [by.get(n, [0, 0.0]) for _, _, by in tables]
+        print(" | ".join(f"{ns / 1e3:9.1f} {c:5d}" for c, ns in cells) + f"  {n[:90]}")
+
+
 def main():
+    if "--sum" in sys.argv:
+        sums([a for a in sys.argv[1:] if a != "--sum"])
+        return
     if "--by-step" in sys.argv:
         for path in [a for a in sys.argv[1:] if a != "--by-step"]:
             by_step(path)

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench hybridbench hybridbench1 hybridbench2 pack
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 pdlprobe hybridbench hybridbench1 hybridbench2 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -51,6 +51,14 @@
 #           shape (q4_k) written with synth-gguf; single-stream pp512 / tg256 and
 #           1/8/32/64 streams on each
 #   qwenbench  llama-bench -p 512 -n 256 -fa 1 on the two published shapes (after `qwenbig`)
+#   ab35    the hybrid file's pp512 / tg256 with .gpu-carry/tempo9-pre.xz (an earlier
+#           binary to compare) and HEAD alternated, then HEAD with GGML_CUDA_PDL=1, then
+#           llama-bench on the same file (with .llama-src)
+#   ncu35   kernel time of a 512-token prompt step on the hybrid file, Tempo9 and
+#           llama-bench (Nsight Compute), summed per kernel name
+#   pdlprobe  the 0.5B Qwen2 shape's GPU-vs-CPU greedy check with PDL off, on, and on
+#           without CUDA graphs; with .llama-src, llama.cpp's own CUDA tokens with PDL
+#           on and off against its CPU run (pdl-compare.jsonl, raw in pdl-raw.tar.gz)
 #   hybridbench1, hybridbench2  the benchmark suite on the hybrid Qwen3.5-35B-A3B shape (40
 #           layers, Q3_K, MTP block; written by synth-gguf like `qwenbig`'s file but with the
 #           qwen35 vocabulary and the Qwen3.5 chat template carried in .gpu-carry/vocab, so
@@ -62,7 +70,9 @@
 #           600 s call with `build` (unpacked from .gpu-cache) and the file's writing, and so
 #           does `hybridbench` (both halves: ~5.5 min measured on 2026-12-03); every suite
 #           run's --timeout-s is cut to what is left of HYBRID_DEADLINE (default 570 s from
-#           the script's start). Carry .gpu-carry .llama-server and .gpu-cache (or .ggml-src)
+#           the script's start). Carry .gpu-carry .llama-server and .gpu-cache (or .ggml-src).
+#           HYBRID_LOG=1: the Tempo9 servers' step logs come back in server-logs.tar.gz
+#   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -106,7 +116,7 @@ if has build; then
     fi
 fi
 
-if { has llamabench || has real || has qwen || has qwenbench; } && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -437,21 +447,94 @@ if has qwenbench; then
     fi
 fi
 
+# The hybrid Qwen3.5-35B-A3B-shape file of the suite steps (40 layers, Q3_K, MTP block,
+# qwen35 vocabulary and chat template from .gpu-carry/vocab): written once per machine.
+hf="$work/models/qwen35moe-35b-a3b-q3_k-chat.gguf"  # bench/suite/engines.py MODELS["qwen35moe-35b"]
+write_hybrid_file() {
+    [ -f "$hf" ] && return 0
+    local V="$root/.gpu-carry/vocab" t0=$SECONDS
+    [ -f "$V/ggml-vocab-qwen35.gguf" ] && [ -f "$V/templates/Qwen3.5-4B.jinja" ] || {
+        echo "no qwen35 vocabulary/template in .gpu-carry/vocab (scripts/gpu/prepare.sh stages them)"; return 1; }
+    mkdir -p "$work/models"
+    $T synth-gguf --preset qwen3.5-35b-a3b --mtp --quant q3_k --unique-mib 4 \
+        --vocab "$V/ggml-vocab-qwen35.gguf" --template "$V/templates/Qwen3.5-4B.jinja" \
+        --out "$hf.part" 2>>"$out/run.log" && mv "$hf.part" "$hf" || { echo "synth-gguf failed"; return 1; }
+    echo "wrote $(basename "$hf") ($(du -h "$hf" | cut -f1)) in $((SECONDS - t0)) s" | tee -a "$out/run.log"
+}
+
+if has ab35; then
+    say ab35
+    # Issue 28's A/B on the hybrid file: the binary before e6536a5's MoE graph order
+    # (.gpu-carry/tempo9-pre.xz, built with that commit's crates/models diff reverted)
+    # and HEAD, alternated; HEAD with programmatic dependent launch on
+    # (GGML_CUDA_PDL=1), to size what PDL is worth on this graph; llama-bench on the
+    # same file when .llama-src was carried.
+    write_hybrid_file || exit 1
+    pre="$work/tempo9-pre"
+    [ -x "$pre" ] || { xz -dc "$root/.gpu-carry/tempo9-pre.xz" >"$pre" && chmod +x "$pre"; }
+    for v in pre post pre post "post GGML_CUDA_PDL=1"; do
+        b=$T e=""; [ "$v" = pre ] && b=$pre; [ "$v" != "${v#post }" ] && e=${v#post }
+        env $e $b bench --gguf "$hf" --device cuda --pp 512 --tg 256 --reps 1 2>>"$out/run.log" \
+            | sed "s/^{/{\"model\":\"qwen35moe-35b-a3b-q3_k-chat\",\"variant\":\"$v\",/" | tee -a "$out/results.jsonl"
+    done
+    if [ "${llama_rc:-1}" = 0 ]; then
+        bash "$root/scripts/gpu/llama-bench.sh" run "$hf" -p 512 -n 256 -fa 1 -r 2 -o jsonl \
+            2>>"$out/run.log" | sed 's/^{/{"model":"qwen35moe-35b-a3b-q3_k-chat",/' | tee -a "$out/llama-bench.jsonl"
+    fi
+fi
+
+if has ncu35; then
+    say ncu35
+    # Kernel time of a 512-token prompt step on the hybrid file (Nsight Compute, GPU time
+    # only): Tempo9 (a 3-token warm-up prompt and one decode step before it) and
+    # llama-bench (-p 512, no warm-up). Sum per kernel name: scripts/gpu/ncu-steps.py --sum.
+    write_hybrid_file || exit 1
+    nc() { timeout "${NCU_TIMEOUT:-170}" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+        --print-units base --print-kernel-base function --log-file "$1" "${@:2}" >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"; }
+    nc "$out/ncu35-tempo9.csv" $T bench --gguf "$hf" --device cuda --pp 512 --tg 0 --reps 1
+    [ "${llama_rc:-1}" = 0 ] && nc "$out/ncu35-llama.csv" env LD_LIBRARY_PATH=/tmp/llama-build/bin \
+        /tmp/llama-build/bin/llama-bench -m "$hf" -p 512 -n 0 -r 1 -fa 1 --no-warmup -o jsonl
+    python3 "$root/scripts/gpu/ncu-steps.py" --sum "$out"/ncu35-*.csv | tee "$out/ncu35.txt"
+fi
+
+if has pdlprobe; then
+    say pdlprobe
+    # Where PDL's wrong numbers come from (crates/cli/src/device.rs): the 0.5B Qwen2
+    # shape's GPU-vs-CPU greedy check with PDL off, on, and on without CUDA graphs,
+    # and llama.cpp's own CUDA generation of the same prompts with PDL on and off.
+    m="$work/qwen2-0.5b-q4_k.gguf"
+    [ -f "$m" ] || $T synth-gguf --arch qwen2 --preset 0.5b --quant q4_k --out "$m" 2>>"$out/run.log"
+    raw="$work/pdl-raw"; mkdir -p "$raw"
+    for v in "GGML_CUDA_PDL=0" "GGML_CUDA_PDL=1" "GGML_CUDA_PDL=1 GGML_CUDA_DISABLE_GRAPHS=1"; do
+        tag=$(echo "$v" | tr ' =' '_-')
+        env $v $T check-device --gguf "$m" --device cuda --prompts 8 --tokens 32 --dump "$raw/$tag.json" \
+            2>>"$out/run.log" | sed "s/^{/{\"variant\":\"$v\",/" | tee -a "$out/results.jsonl"
+    done
+    if [ "${llama_rc:-1}" = 0 ]; then
+        lb=/tmp/llama-build
+        g++ -O2 -std=c++17 -I"$root/.llama-src/include" -I"$root/.llama-src/ggml/include" \
+            "$root/scripts/gpu/llama-greedy.cpp" -L"$lb/bin" -lllama -lggml -lggml-base \
+            -Wl,-rpath,"$lb/bin" -o "$lb/bin/llama-greedy" && lg="$lb/bin/llama-greedy"
+        python3 "$root/scripts/gpu/greedy-compare.py" prompts "$raw/GGML_CUDA_PDL-0.json" >"$raw/prompts.txt"
+        CUDA_VISIBLE_DEVICES= $lg "$m" "$raw/prompts.txt" 32 0 >"$raw/llama-cpu.jsonl" 2>>"$work/llama-greedy.log"
+        for p in 0 1; do
+            GGML_CUDA_PDL=$p $lg "$m" "$raw/prompts.txt" 32 99 >"$raw/llama-cuda-pdl$p.jsonl" 2>>"$work/llama-greedy.log"
+            python3 "$root/scripts/gpu/greedy-compare.py" compare "$raw/GGML_CUDA_PDL-0.json" \
+                llama_cpu="$raw/llama-cpu.jsonl" llama_cuda="$raw/llama-cuda-pdl$p.jsonl" \
+                | sed "s/^{/{\"llama_pdl\":$p,/" | tee -a "$out/pdl-compare.jsonl"
+        done
+    fi
+    tar -C "$work" -czf "$out/pdl-raw.tar.gz" pdl-raw
+fi
+
 if has hybridbench || has hybridbench1 || has hybridbench2; then
     say hybridbench
     [ -f "$root/.gpu-carry/libggml-cuda.so" ] || { echo "no libggml-cuda.so: run the build step first"; exit 1; }
     V="$root/.gpu-carry/vocab"
     [ -f "$V/ggml-vocab-qwen35.gguf" ] && [ -f "$V/templates/Qwen3.5-4B.jinja" ] || {
         echo "no qwen35 vocabulary/template in .gpu-carry/vocab (scripts/gpu/prepare.sh stages them)"; exit 1; }
-    mkdir -p "$work/models" "$out/suite"
-    hf="$work/models/qwen35moe-35b-a3b-q3_k-chat.gguf"  # bench/suite/engines.py MODELS["qwen35moe-35b"]
-    if [ ! -f "$hf" ]; then
-        t0=$SECONDS
-        $T synth-gguf --preset qwen3.5-35b-a3b --mtp --quant q3_k --unique-mib 4 \
-            --vocab "$V/ggml-vocab-qwen35.gguf" --template "$V/templates/Qwen3.5-4B.jinja" \
-            --out "$hf.part" 2>>"$out/run.log" && mv "$hf.part" "$hf" || { echo "synth-gguf failed"; exit 1; }
-        echo "wrote $(basename "$hf") ($(du -h "$hf" | cut -f1)) in $((SECONDS - t0)) s" | tee -a "$out/run.log"
-    fi
+    mkdir -p "$out/suite"
+    write_hybrid_file || exit 1
     engines=tempo9 lx=""
     note="H200, synthetic Qwen3.5-35B-A3B-shape Q3_K (40 layers: 30 gated-DeltaNet + 10 attention, 256 experts, MTP block; random weights; qwen35 vocabulary and Qwen3.5 chat template, thinking off), Tempo9 on ggml's CUDA backend"
     if llama_server_ready; then
@@ -481,6 +564,9 @@ if has hybridbench || has hybridbench1 || has hybridbench2; then
     # HYBRID_INTERLEAVE=N: agents as N repetitions on fresh servers of both engines, rounds
     # back to back (run.py --interleave; both 15 GB models on the GPU at once).
     il=(); [ "${HYBRID_INTERLEAVE:-0}" != 0 ] && il=(--interleave "$HYBRID_INTERLEAVE")
+    # HYBRID_LOG=1: Tempo9 servers log their steps (TEMPO9_LOG=info,tempo9_engine=debug);
+    # the logs come back in $OUT/server-logs.tar.gz.
+    [ "${HYBRID_LOG:-0}" != 0 ] && export TEMPO9_LOG=info,tempo9_engine=debug
     if has hybridbench1 || has hybridbench; then
         hsuite 170 agents-1.5k "${il[@]}"
         hsuite 330 agents-10k "${il[@]}"
@@ -490,6 +576,9 @@ if has hybridbench || has hybridbench1 || has hybridbench2; then
         hsuite 180 startup-memory
         hsuite 150 fill-memory
     fi
+    if [ "${HYBRID_LOG:-0}" != 0 ] && ls /tmp/bench-tempo9-*.log >/dev/null 2>&1; then
+        tar -C /tmp -czf "$out/server-logs.tar.gz" $(cd /tmp && ls bench-tempo9-*.log)
+    fi
 fi
 
 if has pack; then
@@ -497,6 +586,13 @@ if has pack; then
     lib="$root/.gpu-carry/libggml-cuda.so"
     (cd "$(dirname "$lib")" && sha256sum libggml-cuda.so) >"$out/libggml-cuda.so.sha256"
     xz -T0 -3 -c "$lib" | split -b 15M -d - "$out/libggml-cuda.so.xz.part"
+    ls -la "$out"
+fi
+if has bundle; then
+    # The device tool returns at most 8 files: everything but the packed library parts
+    # goes back in one archive.
+    (cd "$out" && find . -type f ! -name 'libggml-cuda.so.*' ! -name bundle.tar.gz -printf '%P\n' \
+        | tar -czf bundle.tar.gz -T - --remove-files) && find "$out" -type d -empty -delete
     ls -la "$out"
 fi
 say done

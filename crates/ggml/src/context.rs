@@ -805,6 +805,47 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
+    /// Copies `len` bytes of the tensor's memory from byte `from` to byte `to`, on
+    /// the tensor's own backend: a device tensor's bytes never pass through host
+    /// memory (a hybrid model's state checkpoint is tens of MB per copy). The ranges
+    /// must not overlap.
+    pub fn copy_within(&self, from: usize, to: usize, len: usize) -> Result<(), GgmlError> {
+        self.check_io(from, len)?;
+        self.check_io(to, len)?;
+        if from.max(to) < from.min(to) + len {
+            return Err(GgmlError::TensorData {
+                name: self.name(),
+                what: format!("overlapping copy {from} -> {to} of {len} bytes"),
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        // Two byte tensors over the ranges, placed in the tensor's buffer, copied by
+        // the buffer's own copy (a device-to-device copy on a GPU, memcpy on the CPU).
+        let ctx = Context::new(2, 0)?;
+        let (buffer, base) = (self.get().buffer, self.get().data.cast::<u8>());
+        let place = |offset: usize| -> Result<*mut sys::ggml_tensor, GgmlError> {
+            // SAFETY: live no-alloc context with room for two descriptors.
+            let t = unsafe { sys::ggml_new_tensor_1d(ctx.raw(), sys::GGML_TYPE_I8, len as i64) };
+            // SAFETY: `base + offset .. + len` lies inside this allocated tensor, hence
+            // inside its buffer (ranges checked above); I8 needs no padding.
+            let status =
+                unsafe { sys::ggml_backend_tensor_alloc(buffer, t, base.add(offset).cast()) };
+            match status == sys::GGML_STATUS_SUCCESS {
+                true => Ok(t),
+                false => Err(GgmlError::TensorData {
+                    name: self.name(),
+                    what: format!("cannot place a copy view at byte {offset} (status {status})"),
+                }),
+            }
+        };
+        let (src, dst) = (place(from)?, place(to)?);
+        // SAFETY: both views are allocated in the same buffer, same layout.
+        unsafe { sys::ggml_backend_tensor_copy(src, dst) };
+        Ok(())
+    }
+
     /// Copies `out.len()` bytes of the tensor's memory from byte `offset` into `out`
     /// (any backend).
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<(), GgmlError> {

@@ -240,19 +240,14 @@ impl KvStore {
         n: usize,
     ) -> Result<(), ModelError> {
         assert!(
-            from.max(to) + n <= self.cells[group],
+            from.max(to) + n <= self.cells[group] && from.abs_diff(to) >= n,
             "cells {from}/{to}+{n} out of range of group {group}"
         );
-        // One layer's rows at a time through one buffer: a hybrid model's state slot
-        // is tens of MB (63 MB for Qwen3.5-35B-A3B), and a fresh buffer of that size
-        // per copy costs more in page faults than the copy itself.
-        let mut buf = Vec::new();
+        // On the tensors' own backend: no bytes through host memory.
         for &il in &self.groups[group].layers {
             for t in [self.k(il), self.v(il)] {
                 let row = t.nb()[1];
-                buf.resize(n * row, 0);
-                t.read_bytes(from * row, &mut buf)?;
-                t.write_bytes(to * row, &buf)?;
+                t.copy_within(from * row, to * row, n * row)?;
             }
         }
         Ok(())
