@@ -12,8 +12,9 @@
 //!   times that: an interval position within a quarter interval before another
 //!   position is skipped, as each position costs a step boundary and a copy);
 //! - the junction: the last page boundary of the full-attention match, when the
-//!   deepest checkpoint lies before it (the second prompt of a family recomputes
-//!   from there once and checkpoints the junction; later ones hit it);
+//!   deepest checkpoint lies a quarter interval or more before it (the second
+//!   prompt of a family recomputes from there once and checkpoints the junction;
+//!   later ones hit it);
 //! - the prompt's last such boundary (the next turn of an agent continues there).
 //!
 //! A prompt waiting for a shared prefix that a running prompt is computing adds its
@@ -60,7 +61,15 @@ impl EngineCore {
         let last = self.last_target(s);
         let start = s.n_computed;
         let every = self.config.state_checkpoint_tokens;
-        let mut t: Vec<usize> = vec![junction.min(last), last];
+        let mut t: Vec<usize> = vec![last];
+        // The junction only where it spares a prompt parting there a quarter interval
+        // of recompute: an agent's next turn parts from its own history a page or
+        // two after the checkpoint it resumes from, and a stop there would cost it a
+        // step for nothing.
+        let junction = junction.min(last);
+        if junction >= start + every / 4 {
+            t.push(junction);
+        }
         // Interval positions, but none within a quarter interval before another
         // position (each costs the request a step boundary and a state copy): a
         // prompt parting anywhere still recomputes fewer than 1.25 intervals.
