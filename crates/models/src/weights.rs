@@ -360,6 +360,7 @@ impl Weights {
                 let t = store.get(i);
                 buf.place(t, off)?;
                 t.write_bytes(0, file.tensor_bytes(&sources[i]))?;
+                file.release(&sources[i]);
                 done += sources[i].n_bytes;
                 progress(done, total);
             }
