@@ -9,6 +9,7 @@
 # llama-common and llama-bench (~2 min on 16 cores); with GGML_BACKEND_DL the
 # CUDA library is loaded from the binary's directory at run time.
 #
+# Also llama-batched-bench when prepare.sh staged its source.
 # Usage: scripts/gpu/llama-bench.sh build | run MODEL [llama-bench args...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,7 +24,9 @@ build)
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TOOLS=ON \
         >"$build.configure.log"
-    cmake --build "$build" -j"$(nproc)" --target llama-bench ggml-cpu
+    targets=(llama-bench ggml-cpu)
+    [ -d "$root/.llama-src/tools/batched-bench" ] && targets+=(llama-batched-bench)
+    cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
     cp "$root/.gpu-carry/libggml-cuda.so" "$build/bin/"
     echo "built $build/bin/llama-bench in $(( $(date +%s) - t0 )) s"
     ;;

@@ -52,6 +52,13 @@ if [ -f "$bench_src/llama-bench.cpp" ]; then
     cp "$bench_src"/llama-bench.cpp "$bench_src"/main.cpp "$bench_src"/CMakeLists.txt "$d/tools/llama-bench/"
     printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\n' \
         >"$d/tools/CMakeLists.txt"
+    # llama-batched-bench (the batched-decode reference) from the same tools folder.
+    bb="$(dirname "$bench_src")/batched-bench"
+    if [ -f "$bb/batched-bench.cpp" ]; then
+        mkdir -p "$d/tools/batched-bench"
+        cp "$bb"/batched-bench.cpp "$bb"/main.cpp "$bb"/CMakeLists.txt "$d/tools/batched-bench/"
+        echo 'add_subdirectory(batched-bench)' >>"$d/tools/CMakeLists.txt"
+    fi
 else
     echo "no llama-bench source at $bench_src (LLAMA_BENCH_SRC): .llama-src not staged" >&2
 fi

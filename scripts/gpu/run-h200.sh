@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 pdlprobe hybridbench hybridbench1 hybridbench2 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 batched35 pdlprobe hybridbench hybridbench1 hybridbench2 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -56,6 +56,7 @@
 #           llama-bench on the same file (with .llama-src)
 #   ncu35   kernel time of a 512-token prompt step on the hybrid file, Tempo9 and
 #           llama-bench (Nsight Compute), summed per kernel name
+#   batched35  1/8/32/64 streams on the hybrid file, Tempo9 and llama-batched-bench
 #   pdlprobe  the 0.5B Qwen2 shape's GPU-vs-CPU greedy check with PDL off, on, and on
 #           without CUDA graphs; with .llama-src, llama.cpp's own CUDA tokens with PDL
 #           on and off against its CPU run (pdl-compare.jsonl, raw in pdl-raw.tar.gz)
@@ -116,7 +117,7 @@ if has build; then
     fi
 fi
 
-if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35; } && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has batched35; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -495,6 +496,21 @@ if has ncu35; then
     [ "${llama_rc:-1}" = 0 ] && nc "$out/ncu35-llama.csv" env LD_LIBRARY_PATH=/tmp/llama-build/bin \
         /tmp/llama-build/bin/llama-bench -m "$hf" -p 512 -n 0 -r 1 -fa 1 --no-warmup -o jsonl
     python3 "$root/scripts/gpu/ncu-steps.py" --sum "$out"/ncu35-*.csv | tee "$out/ncu35.txt"
+fi
+
+if has batched35; then
+    say batched35
+    # Issue 28's batched decode on the hybrid file: Tempo9 at 1/8/32/64 streams (128-token
+    # prompts, 128 generated) and llama-batched-bench with the same sizes (S_TG: decode
+    # tokens/s over all sequences), same CUDA library.
+    write_hybrid_file || exit 1
+    $T bench --gguf "$hf" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
+        | sed 's/^{/{"model":"qwen35moe-35b-a3b-q3_k-chat",/' | tee -a "$out/results.jsonl"
+    if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
+        LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$hf" -c 40960 \
+            -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64 -fa 1 --output-format jsonl 2>>"$out/run.log" \
+            | grep '^{' | tee -a "$out/llama-batched.jsonl"
+    fi
 fi
 
 if has pdlprobe; then
