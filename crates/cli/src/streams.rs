@@ -16,6 +16,8 @@ struct StreamTimes {
     first_token: Duration,
     done: Duration,
     tokens: usize,
+    /// When each token arrived.
+    token_times: Vec<Duration>,
 }
 
 /// Runs `n` concurrent requests of `prompt_len` random prompt tokens and `gen`
@@ -91,10 +93,13 @@ pub fn run(
                 s.spawn(move || -> Result<StreamTimes> {
                     let mut first = None;
                     let mut tokens = 0;
+                    let mut token_times = Vec::new();
                     while let Some(ev) = st.blocking_recv() {
                         match ev {
                             Event::Token(_) => {
-                                first.get_or_insert_with(|| t0.elapsed());
+                                let t = t0.elapsed();
+                                first.get_or_insert(t);
+                                token_times.push(t);
                                 tokens += 1;
                             }
                             Event::Finished(f) => {
@@ -105,6 +110,7 @@ pub fn run(
                                     first_token: first.unwrap_or_default(),
                                     done: t0.elapsed(),
                                     tokens,
+                                    token_times,
                                 });
                             }
                         }
@@ -132,6 +138,24 @@ pub fn run(
         })
         .collect();
     let steps = s1.steps_total - s0.steps_total;
+    // Steady decode: tokens per second while every stream decodes (from the last
+    // first token to the first stream's end), what llama-batched-bench's S_TG reports
+    // (it computes every prompt before decoding); the aggregate above also counts
+    // the prompt phase.
+    let all_decoding = times
+        .iter()
+        .map(|t| t.first_token)
+        .max()
+        .unwrap_or_default();
+    let first_done = times.iter().map(|t| t.done).min().unwrap_or_default();
+    let steady = (first_done > all_decoding).then(|| {
+        let in_window = times
+            .iter()
+            .flat_map(|t| &t.token_times)
+            .filter(|&&t| t > all_decoding && t <= first_done)
+            .count();
+        in_window as f64 / (first_done - all_decoding).as_secs_f64()
+    });
     // Join the engine thread now: its KV pool and SSD flush must not overlap the next
     // run, nor outlive main (freeing device buffers during CUDA's exit teardown aborts).
     engine.shutdown();
@@ -144,6 +168,7 @@ pub fn run(
         "wall_s": wall,
         "generated": generated,
         "aggregate_tok_s": generated as f64 / wall,
+        "steady_decode_tok_s": steady,
         "mean_stream_decode_tok_s": per_stream.iter().sum::<f64>() / n.max(1) as f64,
         "ttft_s_median": ttft.get(ttft.len() / 2),
         "ttft_s_max": ttft.last(),

@@ -211,9 +211,8 @@ impl GgufFile {
         // SAFETY: MADV_DONTNEED on a private, read-only file mapping only drops clean
         // pages: a read through any live reference faults the same file bytes back in
         // (the file must not change while mapped, as for every mapping here).
-        let _ = unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
-        };
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
     }
 
     /// The whole file.
