@@ -12,7 +12,10 @@
 //! windows; a hit needs a checkpoint where it ends. A sequence's slot is set up
 //! (zeroed, or copied from a checkpoint) by the runner before the sequence's first
 //! step: [`KvCache::take_state_inits`]; or, when its checkpoint is read back from
-//! the SSD tier, by the tier's loader ([`StateStart::Loaded`]).
+//! the SSD tier, by the tier's loader ([`StateStart::Loaded`]). Likewise a prefix
+//! that continues in the SSD tier on a sliding-window model starts with
+//! [`KvCache::allocate_resume`]: the tier's loader fills the pages and windows it
+//! reads back.
 //!
 //! Pure bookkeeping, like its managers: the KV data lives in the model's `KvStore`,
 //! one pool of cells per group.
@@ -123,6 +126,11 @@ impl KvCache {
     /// The sliding-window group, if any.
     pub fn sliding(&self) -> Option<&SlidingPages> {
         self.sliding.as_ref()
+    }
+
+    /// The sliding-window group, mutably (the SSD tier's eviction log).
+    pub fn sliding_mut(&mut self) -> Option<&mut SlidingPages> {
+        self.sliding.as_mut()
     }
 
     /// The recurrent-state group, if any.
@@ -289,6 +297,62 @@ impl KvCache {
             }
         }
         Ok(m)
+    }
+
+    /// Starts `seq` on a sliding-window model at page `k` of `tokens`, of which the
+    /// first `ram` are cached full pages (`ram` at most the RAM match) and the rest
+    /// are read back from the SSD tier: gives it new full pages for those, and in the
+    /// sliding group the window position `k * page_size` sees, from RAM sidecars
+    /// where they are and new pages elsewhere (see [`SlidingPages::allocate_resume`]).
+    /// The caller fills the new pages before `seq` runs. Returns the RAM match and the
+    /// indices of the new sliding pages. All or nothing.
+    pub fn allocate_resume(
+        &mut self,
+        seq: SeqId,
+        tokens: &[TokenId],
+        salt: u64,
+        ram: usize,
+        k: usize,
+    ) -> Result<(PrefixMatch, Vec<usize>), PageError> {
+        assert!(self.recurrent.is_none(), "a sliding-window resume");
+        let ps = self.page_size();
+        let whole = self.full.lookup_prefix(tokens, salt);
+        assert!(
+            ram <= whole.pages.len() && ram <= k,
+            "a resume of {ram} RAM pages"
+        );
+        let sliding = self.sliding.as_mut().expect("a sliding-window model");
+        let no_room = || PageError::OutOfPages {
+            needed: k - ram,
+            available: 0,
+        };
+        // The sliding group first: it checks its room without changing anything.
+        let fill = sliding
+            .allocate_resume(seq, &whole.pages[..ram], k, &self.full)
+            .ok_or_else(no_room)?;
+        // A lookup covers at most (len - 1) / page_size pages.
+        let upto = if ram < whole.pages.len() {
+            ram * ps + 1
+        } else {
+            tokens.len()
+        };
+        let allocated = self
+            .full
+            .allocate(seq, &tokens[..upto], salt)
+            .and_then(|m| {
+                self.full.append_slots(seq, (k - ram) * ps)?;
+                Ok(m)
+            });
+        match allocated {
+            Ok(m) => Ok((m, fill)),
+            Err(e) => {
+                let _ = self.full.free(seq);
+                if let Some(s) = self.sliding.as_mut() {
+                    s.free(seq, &self.full);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Tokens that can be appended to `seq` now in every group.

@@ -31,5 +31,5 @@ pub use request::{
 pub use sampler::SamplingParams;
 pub use scheduler::Policy;
 pub use scheduler::{CHUNK_ALIGN, KV_WINDOW_PAD};
-pub use ssd::{SsdConfig, SsdStats};
+pub use ssd::{SsdConfig, SsdEntryStats, SsdStats};
 pub use stream::RequestStream;

@@ -26,6 +26,15 @@
 //! A sidecar is tied to its full page's registration (its number from
 //! [`PagePool::registration`]): when the full page leaves the cache, the sidecar is
 //! stale and is dropped the next time it is looked at or evicted.
+//!
+//! With an SSD tier, sidecars leave RAM for it, named by their full page's chained
+//! hash (which the tie records): a sidecar evicted from this group is reported by
+//! [`SlidingPages::take_evicted`], and one whose full page is evicted is found by
+//! [`SlidingPages::take_evicted_sidecar`]. A prefix that continues on disk resumes
+//! with [`SlidingPages::allocate_resume`]: the window it needs from RAM sidecars
+//! where they are, in new pages the caller fills from the tier elsewhere. A tied
+//! page's cells are never written again, so whatever the tie's state, they hold
+//! the window its hash names.
 
 use std::collections::HashMap;
 
@@ -38,13 +47,33 @@ use crate::pages::{PageId, PagePool, SeqId};
 /// many pages before it is served too.
 const CHECKPOINT_SLACK_PAGES: usize = 2;
 
+/// The full-attention page a sliding page is the sidecar of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Twin {
+    full: PageId,
+    /// The full page's registration number when tied.
+    registration: u64,
+    /// The full page's chained hash, the sidecar's name in the SSD tier; `None` for
+    /// a partial cache entry, which has no name there.
+    hash: Option<u64>,
+}
+
+/// A sidecar that left this group's cache (see [`SlidingPages::take_evicted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictedWindow {
+    /// The page; its cells keep the window's KV until the page is written again
+    /// (by the next model step at the earliest).
+    pub page: PageId,
+    /// The chained hash of the full page it was the sidecar of.
+    pub hash: u64,
+}
+
 /// A page of the group.
 #[derive(Debug, Clone, Copy, Default)]
 struct Page {
     refs: u32,
-    /// The full-attention page (and its registration number) this page is the
-    /// sidecar of.
-    twin: Option<(PageId, u64)>,
+    /// The full-attention page this page is the sidecar of.
+    twin: Option<Twin>,
     /// Position in the LRU while cached (refs == 0 and a sidecar).
     lru: Option<u64>,
 }
@@ -101,6 +130,8 @@ pub struct SlidingPages {
     seqs: HashMap<SeqId, SeqPages>,
     released: u64,
     shortened: u64,
+    /// Sidecars evicted since the last [`SlidingPages::take_evicted`], while on.
+    evicted: Option<Vec<EvictedWindow>>,
 }
 
 impl SlidingPages {
@@ -126,7 +157,24 @@ impl SlidingPages {
             seqs: HashMap::new(),
             released: 0,
             shortened: 0,
+            evicted: None,
         }
+    }
+
+    /// Turns the eviction log on or off (off by default; turning it off clears it).
+    /// While on, every sidecar taken from the cache for reuse is kept for
+    /// [`Self::take_evicted`].
+    pub fn set_eviction_log(&mut self, on: bool) {
+        self.evicted = on.then(Vec::new);
+    }
+
+    /// The sidecars evicted since the last call (to copy to a second tier before
+    /// the next model step writes their pages).
+    pub fn take_evicted(&mut self) -> Vec<EvictedWindow> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The window in positions.
@@ -150,7 +198,7 @@ impl SlidingPages {
     }
 
     /// First page a row at position `pos` sees.
-    fn first_page_seen(&self, pos: usize) -> usize {
+    pub fn first_page_seen(&self, pos: usize) -> usize {
         (pos + 1).saturating_sub(self.window) / self.page_size
     }
 
@@ -176,9 +224,93 @@ impl SlidingPages {
     /// The sidecar of full page `full` while its registration lasts.
     pub fn sidecar(&self, full: PageId, pool: &PagePool) -> Option<PageId> {
         let &p = self.sidecars.get(&full)?;
-        let (twin, number) = self.pages[p as usize].twin?;
-        let live = twin == full && pool.registration(full).is_some_and(|(n, _)| n == number);
+        let t = self.pages[p as usize].twin?;
+        let live = t.full == full && Self::registered(t, pool);
         live.then_some(p)
+    }
+
+    /// Whether the registration `t` was tied to still holds.
+    fn registered(t: Twin, pool: &PagePool) -> bool {
+        pool.registration(t.full)
+            .is_some_and(|(n, _)| n == t.registration)
+    }
+
+    /// The sidecar of full page `full`, which just left the prefix cache under
+    /// `hash`, if this group still has it (its cells hold the window `hash` names,
+    /// for a second tier to copy before the next model step). A cached one is freed
+    /// (no RAM hit can use it any more); one a sequence holds stays held.
+    pub fn take_evicted_sidecar(&mut self, full: PageId, hash: u64) -> Option<PageId> {
+        let &p = self.sidecars.get(&full)?;
+        let t = self.pages[p as usize].twin?;
+        if t.full != full || t.hash != Some(hash) {
+            return None;
+        }
+        if self.pages[p as usize].lru.is_some() {
+            self.detach(p);
+        }
+        Some(p)
+    }
+
+    /// Starts new sequence `seq` at page `k` of a prefix whose leading full pages
+    /// `ram` are cached (the pages after them up to `k` are read back from another
+    /// tier): it holds, of the pages position `k * page_size` sees, the live
+    /// sidecars of `ram`, and new pages for the others. Returns the indices of the
+    /// new pages, whose cells the caller must fill (a window read back) before the
+    /// sequence runs; `None`, changing nothing, when the group has too few pages.
+    pub fn allocate_resume(
+        &mut self,
+        seq: SeqId,
+        ram: &[PageId],
+        k: usize,
+        pool: &PagePool,
+    ) -> Option<Vec<usize>> {
+        assert!(
+            !self.seqs.contains_key(&seq),
+            "sequence {seq} already allocated"
+        );
+        assert!(ram.len() <= k, "{} RAM pages beyond page {k}", ram.len());
+        let first = self.first_page_seen(k * self.page_size);
+        let seen: Vec<(usize, Option<PageId>)> = (first..k)
+            .map(|j| (j, ram.get(j).and_then(|&f| self.sidecar(f, pool))))
+            .collect();
+        let new = seen.iter().filter(|(_, p)| p.is_none()).count();
+        let revived = seen
+            .iter()
+            .filter_map(|&(_, p)| p)
+            .filter(|&p| self.pages[p as usize].lru.is_some())
+            .count();
+        if new + revived > self.n_available() {
+            return None;
+        }
+        let mut table = vec![None; k];
+        // Sidecars first: taking new pages may evict cached ones.
+        for &(j, p) in &seen {
+            if let Some(p) = p {
+                self.acquire(p);
+                table[j] = Some(p);
+            }
+        }
+        let mut fill = Vec::with_capacity(new);
+        for &(j, p) in &seen {
+            if p.is_none() {
+                let p = self.take_page().expect("availability was checked");
+                self.pages[p as usize].refs = 1;
+                table[j] = Some(p);
+                fill.push(j);
+            }
+        }
+        let n_tokens = k * self.page_size;
+        let sp = SeqPages {
+            table,
+            n_tokens,
+            computed: n_tokens,
+            checkpoints: Vec::new(),
+            // Its pages from the other tier are tied once committed.
+            tied: 0,
+            nodes: ram.to_vec(),
+        };
+        self.seqs.insert(seq, sp);
+        Some(fill)
     }
 
     /// Of a full-attention hit over `full_pages` (a prefix's pages in order), the
@@ -312,11 +444,15 @@ impl SlidingPages {
             })
             .collect();
         for (node, p) in pairs {
-            let (number, _) = pool.registration(node).expect("nodes are registered");
+            let (registration, _) = pool.registration(node).expect("nodes are registered");
             if let Some(old) = self.sidecars.insert(node, p) {
                 self.detach(old);
             }
-            self.pages[p as usize].twin = Some((node, number));
+            self.pages[p as usize].twin = Some(Twin {
+                full: node,
+                registration,
+                hash: pool.page_hash_of(node),
+            });
         }
     }
 
@@ -357,12 +493,17 @@ impl SlidingPages {
         };
         if let Some((j, full)) = tail {
             let number = pool.registration(full).map(|(n, _)| n);
-            if let (Some(Some(p)), Some(number)) = (sp.table.get(j).copied(), number) {
+            if let (Some(Some(p)), Some(registration)) = (sp.table.get(j).copied(), number) {
                 if self.pages[p as usize].twin.is_none() && self.sidecar(full, pool).is_none() {
                     if let Some(old) = self.sidecars.insert(full, p) {
                         self.detach(old);
                     }
-                    self.pages[p as usize].twin = Some((full, number));
+                    // A partial entry: its window is part of a page, kept in RAM only.
+                    self.pages[p as usize].twin = Some(Twin {
+                        full,
+                        registration,
+                        hash: None,
+                    });
                 }
                 sp.checkpoints.push((j + 1) * self.page_size);
             }
@@ -452,9 +593,7 @@ impl SlidingPages {
         if pg.refs > 0 {
             return;
         }
-        let live = pg
-            .twin
-            .is_some_and(|(full, n)| pool.registration(full).is_some_and(|(m, _)| m == n));
+        let live = pg.twin.is_some_and(|t| Self::registered(t, pool));
         if keep && live {
             self.pages[p as usize].lru = Some(self.lru.push(p));
         } else {
@@ -465,9 +604,9 @@ impl SlidingPages {
 
     /// Unties `p` from its full page (it stays where it is: held, cached or free).
     fn detach(&mut self, p: PageId) {
-        if let Some((full, _)) = self.pages[p as usize].twin.take() {
-            if self.sidecars.get(&full) == Some(&p) {
-                self.sidecars.remove(&full);
+        if let Some(t) = self.pages[p as usize].twin.take() {
+            if self.sidecars.get(&t.full) == Some(&p) {
+                self.sidecars.remove(&t.full);
             }
         }
         // A detached cached page is no use to anyone.
@@ -477,13 +616,18 @@ impl SlidingPages {
         }
     }
 
-    /// A free page, else the least recently used cached sidecar.
+    /// A free page, else the least recently used cached sidecar (logged while the
+    /// eviction log is on: stale or not, its cells hold the window its hash names).
     fn take_page(&mut self) -> Option<PageId> {
         if let Some(p) = self.free.pop() {
             return Some(p);
         }
         let p = self.lru.pop_oldest()?;
         self.pages[p as usize].lru = None;
+        let hash = self.pages[p as usize].twin.and_then(|t| t.hash);
+        if let (Some(log), Some(hash)) = (self.evicted.as_mut(), hash) {
+            log.push(EvictedWindow { page: p, hash });
+        }
         self.detach(p);
         Some(p)
     }
@@ -675,6 +819,102 @@ mod tests {
         let mut pool = PagePool::new(64, PS);
         let mut fresh = SlidingPages::new(40, PS, 128, 0);
         run(&mut pool, &mut fresh, 3, &c, 64);
+    }
+
+    #[test]
+    fn evicted_sidecars_are_reported_with_their_hash() {
+        let mut pool = PagePool::new(64, PS);
+        let mut sl = SlidingPages::new(24, PS, 128, 0);
+        sl.set_eviction_log(true);
+        let a = tokens(1200, 7);
+        run(&mut pool, &mut sl, 1, &a, 256);
+        sl.free(1, &pool);
+        pool.free(1).unwrap();
+        let cached = sl.stats().cached;
+        assert!(cached > 0);
+        let named: Vec<(PageId, u64)> = pool
+            .cached_pages(&a, 0)
+            .iter()
+            .filter_map(|&f| Some((sl.sidecar(f, &pool)?, pool.page_hash_of(f)?)))
+            .collect();
+        assert_eq!(named.len(), cached);
+        // A sequence that takes every page: the sidecars are reported.
+        sl.allocate(2, &[], 0, &pool);
+        sl.append(2, 24 * PS, &pool).unwrap();
+        let ev = sl.take_evicted();
+        assert_eq!(ev.len(), cached);
+        for e in &ev {
+            assert!(named.contains(&(e.page, e.hash)), "{e:?}");
+        }
+        assert!(sl.take_evicted().is_empty());
+        sl.free(2, &pool);
+        sl.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn an_evicted_full_page_gives_up_its_sidecar() {
+        // A full pool of one sequence's pages: the next one evicts the first's.
+        let mut pool = PagePool::new(20, PS);
+        pool.set_eviction_log(true);
+        let mut sl = SlidingPages::new(40, PS, 128, 0);
+        let a = tokens(1200, 4);
+        run(&mut pool, &mut sl, 1, &a, 256);
+        sl.free(1, &pool);
+        pool.free(1).unwrap();
+        let cached = sl.stats().cached;
+        assert!(cached > 0);
+        pool.allocate(2, &[1], 0).unwrap();
+        pool.append_slots(2, 20 * PS).unwrap();
+        let mut found = 0;
+        for e in pool.take_evicted() {
+            // Another hash never names it.
+            assert!(sl.take_evicted_sidecar(e.page, e.hash ^ 1).is_none());
+            if let Some(p) = sl.take_evicted_sidecar(e.page, e.hash) {
+                found += 1;
+                assert_eq!(sl.pages[p as usize].refs, 0);
+                assert!(sl.pages[p as usize].twin.is_none(), "freed");
+            }
+        }
+        assert_eq!(found, cached);
+        assert_eq!(sl.stats().cached, 0);
+        sl.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_resume_holds_ram_sidecars_and_new_pages_for_the_rest() {
+        let mut pool = PagePool::new(1024, PS);
+        let mut sl = SlidingPages::new(1024, PS, 512, 0);
+        let t = tokens(3000, 9);
+        run(&mut pool, &mut sl, 1, &t, 512);
+        sl.free(1, &pool);
+        pool.free(1).unwrap();
+        let m = pool.lookup_prefix(&t, 0);
+        let k = m.pages.len();
+        assert_eq!(sl.usable_hit(&m.pages, &pool), k);
+        // As if the last three full pages were read back from disk: new pages for
+        // their windows, the RAM sidecars for the rest of the window.
+        let free_before = sl.stats().free;
+        let fill = sl.allocate_resume(2, &m.pages[..k - 3], k, &pool).unwrap();
+        assert_eq!(fill, vec![k - 3, k - 2, k - 1]);
+        assert_eq!(sl.stats().free, free_before - 3);
+        let first = sl.first_page_seen(k * PS);
+        for j in 0..k {
+            let held = sl.page_at(2, j);
+            assert_eq!(held.is_some(), j >= first, "page {j}");
+            if j >= first && j < k - 3 {
+                assert_eq!(held, sl.sidecar(m.pages[j], &pool));
+            }
+        }
+        assert_eq!(sl.tied_pages(2), 0, "tied once committed");
+        sl.check_invariants().unwrap();
+        // Too few pages: nothing changes.
+        let mut small = SlidingPages::new(4, PS, 512, 0);
+        assert!(small.allocate_resume(3, &[], k, &pool).is_none());
+        assert!(!small.contains(3));
+        assert_eq!(small.stats().free, 4);
+        sl.free(2, &pool);
+        sl.check_invariants().unwrap();
+        assert_eq!(sl.stats().free, free_before);
     }
 
     #[test]

@@ -20,14 +20,24 @@
 //! their key space, file header and counters, checkpoints are entries like pages:
 //! the same write queue, byte budget, LRU, integrity checks and persistence.
 //!
+//! Models with sliding-window layers (Gemma 3) keep, beside a page's full-attention
+//! KV, some pages' sliding-layer KV as a **window** entry: a page's *sidecar*
+//! ([`crate::sliding`]), the sliding layers' K/V of that page's tokens, named by the
+//! page's chained hash like a checkpoint. A prefix hit at a position needs the window
+//! of pages before it in these layers, so the engine saves a sidecar here when it
+//! leaves RAM and reads the window a resume needs back with the pages
+//! ([`SsdTier::start_load_entries`]). Windows are entries like checkpoints (their own
+//! magic and file extension, one size per tier, the same budget, LRU, checks and
+//! persistence), and like a checkpoint a window that fails to read is forgotten.
+//!
 //! Each entry is in one stage: **writing** (queued for the I/O thread; lookups are
 //! served from the in-memory copy) or **on disk**. Budget overflow removes the least
-//! recently used entries, pages and checkpoints alike.
+//! recently used entries, of every kind alike.
 //!
 //! Integrity: a page file carries a header with the [model identity](model_identity)
 //! (model file and KV layout), its hash, its parent's hash, its salt and tokens, and a
-//! 64-bit checksum over header and KV bytes; a checkpoint file carries its own magic,
-//! the model identity, its page's hash, its length and the same checksum. A read
+//! 64-bit checksum over header and KV bytes; a checkpoint or window file carries its
+//! own magic, the model identity, its page's hash, its length and the same checksum. A read
 //! checks all of them against the index entry; a bad, missing or foreign file is
 //! reported as a failure and the engine recomputes from that page on (a checkpoint
 //! that fails is forgotten at once). Write errors (disk full, I/O errors) drop the
@@ -36,8 +46,8 @@
 //! All file I/O runs on one I/O thread fed through a bounded queue; it takes jobs in
 //! batches, reads before writes, so a waiting request's entries are not stuck behind
 //! write-out. Bytes of queued writes are bounded ([`SsdConfig::max_pending_bytes`]);
-//! beyond that, evicted pages and new checkpoints are dropped rather than stalling
-//! the step loop.
+//! beyond that, evicted pages, windows and new checkpoints are dropped rather than
+//! stalling the step loop.
 //!
 //! A disk page is named by its 64-bit chained hash; a read also checks the page's own
 //! tokens and its parent's hash, so a wrong page needs a 64-bit collision of the
@@ -46,8 +56,8 @@
 //!
 //! Persistence ([`SsdConfig::persist`]): the tier's directory is named after the model
 //! identity and its index (which records each entry's kind) is written on shutdown;
-//! the next start with the same model and layout finds its pages and checkpoints
-//! again. A missing, truncated or foreign index starts an empty tier (its entry files
+//! the next start with the same model and layout finds its pages, checkpoints and
+//! windows again. A missing, truncated or foreign index starts an empty tier (its entry files
 //! are removed). Without persistence the tier lives in a private directory removed on
 //! shutdown.
 
@@ -65,8 +75,10 @@ use crate::pages::{EvictedPage, PageHasher, TokenId};
 
 const PAGE_MAGIC: &[u8; 8] = b"T9KVPG01";
 const STATE_MAGIC: &[u8; 8] = b"T9KVST01";
-/// Version 2 records each entry's kind; an index of version 1 is foreign.
-const INDEX_MAGIC: &[u8; 8] = b"T9KVIX02";
+const WINDOW_MAGIC: &[u8; 8] = b"T9KVSW01";
+/// Version 3 adds window entries (and their size in the header); version 2 recorded
+/// each entry's kind; an index of an older version is foreign.
+const INDEX_MAGIC: &[u8; 8] = b"T9KVIX03";
 const INDEX_FILE: &str = "index.bin";
 /// Jobs the I/O queue holds.
 const QUEUE_JOBS: usize = 4096;
@@ -76,13 +88,13 @@ const QUEUE_JOBS: usize = 4096;
 pub struct SsdConfig {
     /// Directory for page files (created if missing); the tier uses a subdirectory.
     pub dir: PathBuf,
-    /// Most bytes of page and state checkpoint files together; the least recently
-    /// used entries are removed beyond it. 0 writes nothing.
+    /// Most bytes of page, state checkpoint and window files together; the least
+    /// recently used entries are removed beyond it. 0 writes nothing.
     pub budget_bytes: u64,
     /// Keep the pages and their index across restarts.
     pub persist: bool,
-    /// Most bytes of pages and checkpoints queued for writing; more are dropped
-    /// (recomputed when needed) rather than stalling the step loop.
+    /// Most bytes of entries queued for writing; more are dropped (recomputed when
+    /// needed) rather than stalling the step loop.
     pub max_pending_bytes: usize,
     /// Test hook: every page write fails as if the disk were full.
     #[doc(hidden)]
@@ -253,7 +265,8 @@ pub fn checksum(seed: u64, data: &[u8]) -> u64 {
 }
 
 /// Counters of the SSD tier. The page counters count pages only; the `*state*`
-/// counters count state checkpoints. The budget bounds `bytes + state_bytes`.
+/// counters count state checkpoints, and `windows` the sliding-window entries. The
+/// budget bounds `bytes + state_bytes + windows.bytes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SsdStats {
     /// Pages in the tier (on disk or being written).
@@ -262,7 +275,7 @@ pub struct SsdStats {
     pub bytes: u64,
     /// Pages queued for writing.
     pub pending_pages: usize,
-    /// The byte budget (pages and state checkpoints together).
+    /// The byte budget (every kind of entry together).
     pub budget_bytes: u64,
     /// Pages served to requests (read back and verified).
     pub hit_pages: u64,
@@ -318,6 +331,55 @@ pub struct SsdStats {
     pub state_writes_dropped: u64,
     /// Checkpoints removed to stay within the budget.
     pub evicted_states: u64,
+    /// Sliding-window entries (pages' sidecars).
+    pub windows: SsdEntryStats,
+}
+
+/// Counters of one kind of SSD entry that is keyed by a page's hash but is not the
+/// page itself (sliding-window sidecars).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SsdEntryStats {
+    /// Entries in the tier (on disk or being written).
+    pub entries: usize,
+    /// Bytes of their files.
+    pub bytes: u64,
+    /// Entries queued for writing.
+    pub pending: usize,
+    /// Entries handed out by finished loads (from disk or the write queue).
+    pub served: u64,
+    /// Files read and verified.
+    pub read: u64,
+    /// Payload bytes read and verified.
+    pub read_bytes: u64,
+    /// Seconds the I/O thread spent reading them.
+    pub read_secs: f64,
+    /// Files written.
+    pub written: u64,
+    /// Bytes of files written.
+    pub write_bytes: u64,
+    /// Seconds the I/O thread spent writing them.
+    pub write_secs: f64,
+    /// Reads that failed (missing, truncated, corrupt or foreign file); the entry is
+    /// forgotten.
+    pub read_errors: u64,
+    /// Writes that failed (disk full, I/O error); the entry is dropped.
+    pub write_errors: u64,
+    /// Entries not written: wrong size, write queue full, or budget too small.
+    pub writes_dropped: u64,
+    /// Entries removed to stay within the budget.
+    pub evicted: u64,
+}
+
+/// Payload bytes of each kind of entry a tier stores (0: it stores none of that
+/// kind). Fixed at opening: a persistent index's entries are sized by them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EntryBytes {
+    /// One page's KV (the full-attention layers' K and V).
+    pub page: usize,
+    /// One recurrent-state checkpoint (every recurrent layer's states).
+    pub state: usize,
+    /// One page's window entry (every sliding-window layer's K and V of its tokens).
+    pub window: usize,
 }
 
 /// Identifies a load started by [`SsdTier::start_load`].
@@ -330,7 +392,12 @@ enum Kind {
     Page,
     /// The recurrent layers' states after a page's last token.
     State,
+    /// A page's sliding-window layers' KV (its sidecar).
+    Window,
 }
+
+/// Number of entry kinds (size of per-kind arrays).
+const KINDS: usize = 3;
 
 impl Kind {
     /// Index into per-kind counters.
@@ -347,7 +414,17 @@ impl Kind {
         match t {
             0 => Some(Kind::Page),
             1 => Some(Kind::State),
+            2 => Some(Kind::Window),
             _ => None,
+        }
+    }
+
+    /// First bytes of its files.
+    fn magic(self) -> &'static [u8; 8] {
+        match self {
+            Kind::Page => PAGE_MAGIC,
+            Kind::State => STATE_MAGIC,
+            Kind::Window => WINDOW_MAGIC,
         }
     }
 
@@ -356,11 +433,13 @@ impl Kind {
         match self {
             Kind::Page => "page",
             Kind::State => "state",
+            Kind::Window => "window",
         }
     }
 }
 
-/// A page and the checkpoint after it share a hash; the kind keeps them apart.
+/// A page, the checkpoint after it and its window share a hash; the kind keeps them
+/// apart.
 type Key = (Kind, u64);
 
 /// Where an entry is.
@@ -383,8 +462,9 @@ struct Entry {
     file_bytes: u64,
 }
 
-/// What an entry's file must hold. Checkpoints have no parent, salt or tokens (all
-/// zero or empty) and are told apart from pages by their magic.
+/// What an entry's file must hold. Checkpoints and windows have no parent, salt or
+/// tokens (all zero or empty) and are told apart from pages and each other by their
+/// magic.
 #[derive(Debug, Clone)]
 struct Header {
     kind: Kind,
@@ -397,9 +477,11 @@ struct Header {
 }
 
 impl Header {
-    fn state(model_id: u64, hash: u64, payload_len: u64) -> Header {
+    /// The header of a checkpoint or window entry.
+    fn keyed(kind: Kind, model_id: u64, hash: u64, payload_len: u64) -> Header {
+        debug_assert!(kind != Kind::Page, "a page has tokens");
         Header {
-            kind: Kind::State,
+            kind,
             model_id,
             hash,
             parent_hash: 0,
@@ -415,9 +497,9 @@ impl Header {
 
     fn bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(56 + 4 * self.tokens.len());
+        b.extend_from_slice(self.kind.magic());
         match self.kind {
             Kind::Page => {
-                b.extend_from_slice(PAGE_MAGIC);
                 for x in [self.model_id, self.hash, self.parent_hash, self.salt] {
                     b.extend_from_slice(&x.to_le_bytes());
                 }
@@ -426,8 +508,7 @@ impl Header {
                     b.extend_from_slice(&t.to_le_bytes());
                 }
             }
-            Kind::State => {
-                b.extend_from_slice(STATE_MAGIC);
+            Kind::State | Kind::Window => {
                 for x in [self.model_id, self.hash] {
                     b.extend_from_slice(&x.to_le_bytes());
                 }
@@ -450,6 +531,20 @@ enum Slot {
     Page(usize),
     /// The load's checkpoint, entry `gen` of `hash` (forgotten if the read fails).
     State { hash: u64, gen: u64 },
+    /// The load's `idx`th window, entry `gen` of `hash` (forgotten if the read fails).
+    Window { idx: usize, hash: u64, gen: u64 },
+}
+
+impl Slot {
+    /// The entry a failed read forgets (checkpoints and windows: a page that fails is
+    /// forgotten by the caller, which knows which pages it still needs).
+    fn forgotten(self) -> Option<(Key, u64)> {
+        match self {
+            Slot::Page(_) => None,
+            Slot::State { hash, gen } => Some(((Kind::State, hash), gen)),
+            Slot::Window { hash, gen, .. } => Some(((Kind::Window, hash), gen)),
+        }
+    }
 }
 
 enum Job {
@@ -489,6 +584,7 @@ struct Load {
     pages: Vec<Option<Arc<Vec<u8>>>>,
     failed: Vec<bool>,
     state: Option<Arc<Vec<u8>>>,
+    windows: Vec<Option<Arc<Vec<u8>>>>,
     outstanding: usize,
 }
 
@@ -505,12 +601,20 @@ pub struct LoadResult {
     /// It is delivered whether or not the pages loaded: it belongs to the hash it
     /// was asked under, and only the caller knows whether it can use it.
     pub state: Option<Arc<Vec<u8>>>,
+    /// The windows asked for with [`SsdTier::start_load_entries`], in request order,
+    /// verified; `None` where not in the tier or unreadable (then forgotten).
+    pub windows: Vec<Option<Arc<Vec<u8>>>>,
 }
 
 impl LoadResult {
     /// Leading pages that loaded.
     pub fn n_ok(&self) -> usize {
         self.pages.iter().take_while(|p| p.is_some()).count()
+    }
+
+    /// Whether every page and window asked for loaded.
+    pub fn complete(&self) -> bool {
+        self.pages.iter().chain(&self.windows).all(Option::is_some)
     }
 }
 
@@ -533,6 +637,7 @@ pub struct SsdTier {
     page_tokens: usize,
     page_bytes: usize,
     state_bytes: usize,
+    window_bytes: usize,
     hasher: PageHasher,
     dir: PathBuf,
     index: HashMap<Key, Entry>,
@@ -541,13 +646,13 @@ pub struct SsdTier {
     tick: u64,
     gen: u64,
     /// Entries, by kind.
-    held: [usize; 2],
+    held: [usize; KINDS],
     /// Bytes of entries' files, by kind.
-    held_bytes: [u64; 2],
-    /// Payload bytes of queued writes, both kinds.
+    held_bytes: [u64; KINDS],
+    /// Payload bytes of queued writes, every kind.
     pending_bytes: usize,
     /// Queued writes, by kind.
-    pending: [usize; 2],
+    pending: [usize; KINDS],
     jobs: Option<SyncSender<Job>>,
     done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
@@ -594,6 +699,27 @@ impl SsdTier {
         state_bytes: usize,
         hasher: PageHasher,
     ) -> std::io::Result<SsdTier> {
+        let bytes = EntryBytes {
+            page: page_bytes,
+            state: state_bytes,
+            window: 0,
+        };
+        SsdTier::open_sized(cfg, model_id, page_tokens, bytes, hasher)
+    }
+
+    /// Like [`SsdTier::open`], with every entry kind's size (see [`EntryBytes`]).
+    pub fn open_sized(
+        cfg: SsdConfig,
+        model_id: u64,
+        page_tokens: usize,
+        bytes: EntryBytes,
+        hasher: PageHasher,
+    ) -> std::io::Result<SsdTier> {
+        let EntryBytes {
+            page: page_bytes,
+            state: state_bytes,
+            window: window_bytes,
+        } = bytes;
         let dir = if cfg.persist {
             cfg.dir.join(format!("{model_id:016x}"))
         } else {
@@ -622,16 +748,17 @@ impl SsdTier {
             page_tokens,
             page_bytes,
             state_bytes,
+            window_bytes,
             hasher,
             dir,
             index: HashMap::new(),
             lru: BTreeMap::new(),
             tick: 0,
             gen: 0,
-            held: [0; 2],
-            held_bytes: [0; 2],
+            held: [0; KINDS],
+            held_bytes: [0; KINDS],
             pending_bytes: 0,
-            pending: [0; 2],
+            pending: [0; KINDS],
             jobs: Some(jobs_tx),
             done: done_rx,
             thread: Some(thread),
@@ -643,7 +770,8 @@ impl SsdTier {
             match tier.load_index() {
                 Ok(()) => {
                     tracing::info!(pages = tier.held[Kind::Page.i()], states = tier.held[Kind::State.i()],
-                        dir = %tier.dir.display(), "KV SSD tier: index loaded")
+                        windows = tier.held[Kind::Window.i()], dir = %tier.dir.display(),
+                        "KV SSD tier: index loaded")
                 }
                 Err(why) => {
                     if why != "no index" {
@@ -651,8 +779,8 @@ impl SsdTier {
                     }
                     tier.index.clear();
                     tier.lru.clear();
-                    tier.held = [0; 2];
-                    tier.held_bytes = [0; 2];
+                    tier.held = [0; KINDS];
+                    tier.held_bytes = [0; KINDS];
                     tier.remove_entry_files();
                 }
             }
@@ -687,6 +815,12 @@ impl SsdTier {
     /// Whether a state checkpoint after the page of this hash is in the tier.
     pub fn contains_state(&self, page_hash: u64) -> bool {
         self.index.contains_key(&(Kind::State, page_hash))
+    }
+
+    /// Whether the window entry (sliding layers' KV) of the page of this hash is in
+    /// the tier.
+    pub fn contains_window(&self, page_hash: u64) -> bool {
+        self.index.contains_key(&(Kind::Window, page_hash))
     }
 
     fn touch(&mut self, key: Key) {
@@ -752,7 +886,7 @@ impl SsdTier {
     /// queue is full. A checkpoint already held under `page_hash` is kept (and made
     /// most recently used): the same prefix gives the same state.
     pub fn save_state(&mut self, page_hash: u64, data: Vec<u8>) {
-        let header = Header::state(self.model_id, page_hash, data.len() as u64);
+        let header = Header::keyed(Kind::State, self.model_id, page_hash, data.len() as u64);
         self.store(header, data, self.state_bytes);
     }
 
@@ -763,6 +897,24 @@ impl SsdTier {
             self.flush();
         }
         self.save_state(page_hash, data);
+    }
+
+    /// Stores the sliding-window layers' KV of the page of hash `page_hash` (its
+    /// sidecar: `data`, [`SsdTier::window_bytes`] bytes). Drops it (counted) when its
+    /// size is wrong, the budget cannot hold it or the write queue is full. A window
+    /// already held under `page_hash` is kept (and made most recently used).
+    pub fn save_window(&mut self, page_hash: u64, data: Vec<u8>) {
+        let header = Header::keyed(Kind::Window, self.model_id, page_hash, data.len() as u64);
+        self.store(header, data, self.window_bytes);
+    }
+
+    /// Like [`SsdTier::save_window`], but waits for queued writes instead of dropping
+    /// the window when the write queue is full (for shutdown).
+    pub fn save_window_wait(&mut self, page_hash: u64, data: Vec<u8>) {
+        if self.pending_bytes + data.len() > self.cfg.max_pending_bytes {
+            self.flush();
+        }
+        self.save_window(page_hash, data);
     }
 
     /// Queues `data` for writing under `header` (its payload must be `want_len`
@@ -791,6 +943,7 @@ impl SsdTier {
             match victim.0 {
                 Kind::Page => self.stats.evicted_pages += 1,
                 Kind::State => self.stats.evicted_states += 1,
+                Kind::Window => self.stats.windows.evicted += 1,
             }
         }
         let data = Arc::new(data);
@@ -828,6 +981,7 @@ impl SsdTier {
         match kind {
             Kind::Page => self.stats.writes_dropped += 1,
             Kind::State => self.stats.state_writes_dropped += 1,
+            Kind::Window => self.stats.windows.writes_dropped += 1,
         }
     }
 
@@ -878,6 +1032,18 @@ impl SsdTier {
     /// pages and is delivered whether or not they load; a checkpoint not in the tier
     /// gives `None` and no read error.
     pub fn start_load_with_state(&mut self, hashes: &[u64], state: Option<u64>) -> LoadId {
+        self.start_load_entries(hashes, state, &[])
+    }
+
+    /// Like [`SsdTier::start_load_with_state`], and also reads the window entries
+    /// kept under `windows` (page hashes) into [`LoadResult::windows`], in order,
+    /// after the pages. A window not in the tier gives `None` and no read error.
+    pub fn start_load_entries(
+        &mut self,
+        hashes: &[u64],
+        state: Option<u64>,
+        windows: &[u64],
+    ) -> LoadId {
         self.drain_done();
         self.next_load += 1;
         let id = self.next_load;
@@ -885,18 +1051,26 @@ impl SsdTier {
             pages: vec![None; hashes.len()],
             failed: vec![false; hashes.len()],
             state: None,
+            windows: vec![None; windows.len()],
             outstanding: 0,
         };
         for (idx, &h) in hashes.iter().enumerate() {
-            match self.fetch(id, (Kind::Page, h), Some(idx)) {
+            match self.fetch(id, (Kind::Page, h), idx) {
                 Fetch::Ready(d) => load.pages[idx] = Some(d),
                 Fetch::Queued => load.outstanding += 1,
                 Fetch::Failed => load.failed[idx] = true,
             }
         }
         if let Some(h) = state {
-            match self.fetch(id, (Kind::State, h), None) {
+            match self.fetch(id, (Kind::State, h), 0) {
                 Fetch::Ready(d) => load.state = Some(d),
+                Fetch::Queued => load.outstanding += 1,
+                Fetch::Failed => {}
+            }
+        }
+        for (idx, &h) in windows.iter().enumerate() {
+            match self.fetch(id, (Kind::Window, h), idx) {
+                Fetch::Ready(d) => load.windows[idx] = Some(d),
                 Fetch::Queued => load.outstanding += 1,
                 Fetch::Failed => {}
             }
@@ -910,9 +1084,9 @@ impl SsdTier {
     }
 
     /// Makes entry `key` most recently used and serves it to load `load` (as its
-    /// page `idx`, or its checkpoint when `None`): from the write queue's copy, or by
+    /// `idx`th page or window, or its checkpoint): from the write queue's copy, or by
     /// queueing a read.
-    fn fetch(&mut self, load: LoadId, key: Key, idx: Option<usize>) -> Fetch {
+    fn fetch(&mut self, load: LoadId, key: Key, idx: usize) -> Fetch {
         self.touch(key);
         let Some(e) = self.index.get(&key) else {
             return Fetch::Failed;
@@ -921,12 +1095,11 @@ impl SsdTier {
             Stage::Writing(d) => return Fetch::Ready(d.clone()),
             Stage::OnDisk => e.header.clone(),
         };
-        let slot = match idx {
-            Some(i) => Slot::Page(i),
-            None => Slot::State {
-                hash: key.1,
-                gen: e.gen,
-            },
+        let (hash, gen) = (key.1, e.gen);
+        let slot = match key.0 {
+            Kind::Page => Slot::Page(idx),
+            Kind::State => Slot::State { hash, gen },
+            Kind::Window => Slot::Window { idx, hash, gen },
         };
         let job = Job::Read { load, slot, header };
         // Reads may wait for room in the queue: the writer always drains it.
@@ -991,10 +1164,12 @@ impl SsdTier {
                 if l.state.is_some() {
                     self.stats.served_states += 1;
                 }
+                self.stats.windows.served += l.windows.iter().flatten().count() as u64;
                 out.push(LoadResult {
                     id,
                     pages,
                     state: l.state,
+                    windows: l.windows,
                 });
             }
         }
@@ -1019,6 +1194,7 @@ impl SsdTier {
                 match key.0 {
                     Kind::Page => self.stats.write_secs += secs,
                     Kind::State => self.stats.state_write_secs += secs,
+                    Kind::Window => self.stats.windows.write_secs += secs,
                 }
                 match result {
                     Ok(bytes) => {
@@ -1030,6 +1206,10 @@ impl SsdTier {
                             Kind::State => {
                                 self.stats.write_states += 1;
                                 self.stats.write_state_bytes += bytes;
+                            }
+                            Kind::Window => {
+                                self.stats.windows.written += 1;
+                                self.stats.windows.write_bytes += bytes;
                             }
                         }
                         if current {
@@ -1045,6 +1225,7 @@ impl SsdTier {
                         let errors = match key.0 {
                             Kind::Page => &mut self.stats.write_errors,
                             Kind::State => &mut self.stats.state_write_errors,
+                            Kind::Window => &mut self.stats.windows.write_errors,
                         };
                         *errors += 1;
                         if errors.is_power_of_two() {
@@ -1082,19 +1263,35 @@ impl SsdTier {
                                 "KV SSD tier: page unusable; recomputing it");
                         }
                     }
-                    (Slot::State { hash, gen }, Err(why)) => {
+                    (Slot::State { .. }, Err(why)) => {
                         self.stats.state_read_secs += secs;
                         self.stats.state_read_errors += 1;
                         if self.stats.state_read_errors.is_power_of_two() {
                             tracing::warn!(%why, errors = self.stats.state_read_errors,
                                 "KV SSD tier: state checkpoint unusable; recomputing it");
                         }
-                        // Forgotten here, not by the caller: it may have gone away,
-                        // and a replacement saved since the read began is kept.
-                        let key = (Kind::State, hash);
-                        if self.index.get(&key).is_some_and(|e| e.gen == gen) {
-                            self.remove(key);
+                    }
+                    (Slot::Window { .. }, Ok(data)) => {
+                        let w = &mut self.stats.windows;
+                        w.read_secs += secs;
+                        w.read += 1;
+                        w.read_bytes += data.len() as u64;
+                    }
+                    (Slot::Window { .. }, Err(why)) => {
+                        let w = &mut self.stats.windows;
+                        w.read_secs += secs;
+                        w.read_errors += 1;
+                        if w.read_errors.is_power_of_two() {
+                            tracing::warn!(%why, errors = w.read_errors,
+                                "KV SSD tier: sliding window unusable; recomputing it");
                         }
+                    }
+                }
+                if let (Some((key, gen)), Err(_)) = (slot.forgotten(), &result) {
+                    // Forgotten here, not by the caller: it may have gone away, and a
+                    // replacement saved since the read began is kept.
+                    if self.index.get(&key).is_some_and(|e| e.gen == gen) {
+                        self.remove(key);
                     }
                 }
                 if let Some(l) = self.loads.get_mut(&load) {
@@ -1105,6 +1302,7 @@ impl SsdTier {
                             None => l.failed[idx] = true,
                         },
                         Slot::State { .. } => l.state = data,
+                        Slot::Window { idx, .. } => l.windows[idx] = data,
                     }
                     l.outstanding -= 1;
                     if l.outstanding == 0 {
@@ -1129,14 +1327,23 @@ impl SsdTier {
         self.sync_stats();
     }
 
+    /// Forgets the window entry kept under `page_hash`; its file is deleted.
+    pub fn forget_window(&mut self, page_hash: u64) {
+        self.remove((Kind::Window, page_hash));
+        self.sync_stats();
+    }
+
     fn sync_stats(&mut self) {
-        let (p, s) = (Kind::Page.i(), Kind::State.i());
+        let (p, s, w) = (Kind::Page.i(), Kind::State.i(), Kind::Window.i());
         self.stats.pages = self.held[p];
         self.stats.bytes = self.held_bytes[p];
         self.stats.pending_pages = self.pending[p];
         self.stats.states = self.held[s];
         self.stats.state_bytes = self.held_bytes[s];
         self.stats.pending_states = self.pending[s];
+        self.stats.windows.entries = self.held[w];
+        self.stats.windows.bytes = self.held_bytes[w];
+        self.stats.windows.pending = self.pending[w];
     }
 
     /// Bytes of one page's KV.
@@ -1147,6 +1354,11 @@ impl SsdTier {
     /// Bytes of one state checkpoint (0: the tier keeps none).
     pub fn state_bytes(&self) -> usize {
         self.state_bytes
+    }
+
+    /// Bytes of one window entry (0: the tier keeps none).
+    pub fn window_bytes(&self) -> usize {
+        self.window_bytes
     }
 
     /// Waits until every queued write and delete is done.
@@ -1170,21 +1382,28 @@ impl SsdTier {
         entry_path(&self.dir, (Kind::State, hash))
     }
 
+    #[cfg(test)]
+    fn window_path(&self, hash: u64) -> PathBuf {
+        entry_path(&self.dir, (Kind::Window, hash))
+    }
+
     fn remove_entry_files(&self) {
         if let Ok(rd) = fs::read_dir(&self.dir) {
             for e in rd.flatten() {
                 let p = e.path();
-                if p.extension().is_some_and(|x| x == "page" || x == "state") {
+                let exts = [Kind::Page, Kind::State, Kind::Window].map(Kind::ext);
+                if p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)) {
                     let _ = fs::remove_file(p);
                 }
             }
         }
     }
 
-    /// Index file: magic, model id, page tokens, page bytes, state bytes, entry
-    /// count, entries, then a checksum of everything before it. An entry is its kind
-    /// (one byte: 0 page, 1 checkpoint) and hash, and for a page its parent hash,
-    /// salt and tokens. Entries are in LRU order, least recently used first.
+    /// Index file: magic, model id, page tokens, page bytes, state bytes, window
+    /// bytes, entry count, entries, then a checksum of everything before it. An entry
+    /// is its kind (one byte: 0 page, 1 checkpoint, 2 window) and hash, and for a
+    /// page its parent hash, salt and tokens. Entries are in LRU order, least
+    /// recently used first.
     fn write_index(&self) -> std::io::Result<()> {
         let mut b = Vec::new();
         b.extend_from_slice(INDEX_MAGIC);
@@ -1193,6 +1412,7 @@ impl SsdTier {
             self.page_tokens as u64,
             self.page_bytes as u64,
             self.state_bytes as u64,
+            self.window_bytes as u64,
         ] {
             b.extend_from_slice(&x.to_le_bytes());
         }
@@ -1234,7 +1454,7 @@ impl SsdTier {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("no index".into()),
             Err(e) => return Err(e.to_string()),
         };
-        const HEAD: usize = 48;
+        const HEAD: usize = 56;
         if b.len() < HEAD + 8 || &b[..8] != INDEX_MAGIC {
             return Err(format!("index of {} bytes is not a Tempo9 index", b.len()));
         }
@@ -1244,16 +1464,18 @@ impl SsdTier {
         }
         let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
         let (id, pt, pb, sb) = (u64_at(8), u64_at(16), u64_at(24), u64_at(32));
-        let n = u64_at(40);
+        let (wb, n) = (u64_at(40), u64_at(48));
         if id != self.model_id
             || pt as usize != self.page_tokens
             || pb as usize != self.page_bytes
             || sb as usize != self.state_bytes
+            || wb as usize != self.window_bytes
         {
             return Err("index of another model or KV layout".into());
         }
         let page_entry = 1 + 24 + 4 * self.page_tokens;
-        let state_entry = 1 + 8;
+        // A checkpoint or window: its kind and hash.
+        let keyed_entry = 1 + 8;
         let mut headers = Vec::new();
         let mut at = HEAD;
         for _ in 0..n {
@@ -1263,7 +1485,7 @@ impl SsdTier {
                 .ok_or("index entry of unknown kind")?;
             let len = match kind {
                 Kind::Page => page_entry,
-                Kind::State => state_entry,
+                Kind::State | Kind::Window => keyed_entry,
             };
             if at + len > body.len() {
                 return Err("index shorter than its entry count".into());
@@ -1282,7 +1504,8 @@ impl SsdTier {
                         .collect(),
                     payload_len: self.page_bytes as u64,
                 },
-                Kind::State => Header::state(self.model_id, hash, self.state_bytes as u64),
+                Kind::State => Header::keyed(kind, self.model_id, hash, self.state_bytes as u64),
+                Kind::Window => Header::keyed(kind, self.model_id, hash, self.window_bytes as u64),
             });
             at += len;
         }
@@ -1742,7 +1965,7 @@ mod tests {
     }
 
     fn state_file() -> u64 {
-        Header::state(0, 0, SB as u64).file_bytes()
+        Header::keyed(Kind::State, 0, 0, SB as u64).file_bytes()
     }
 
     fn load_with_state(t: &mut SsdTier, hashes: &[u64], state: u64) -> LoadResult {
@@ -2023,6 +2246,175 @@ mod tests {
         let t = open_s(c);
         assert_eq!((t.stats().pages, t.stats().states), (0, 0));
         assert_eq!(files(&tier_dir, "page") + files(&tier_dir, "state"), 0);
+    }
+
+    /// Bytes of a window entry in the window tests (five times a page, as Gemma 3's
+    /// 15 sliding layers to its 3 full ones).
+    const WB: usize = 5 * PB;
+
+    fn wdata(i: usize) -> Vec<u8> {
+        (0..WB).map(|j| (i * 7 + j * 5) as u8).collect()
+    }
+
+    fn open_w(c: SsdConfig) -> SsdTier {
+        let bytes = EntryBytes {
+            page: PB,
+            state: 0,
+            window: WB,
+        };
+        SsdTier::open_sized(c, 42, PT, bytes, page_hash).unwrap()
+    }
+
+    fn load_windows(t: &mut SsdTier, hashes: &[u64], windows: &[u64]) -> LoadResult {
+        let id = t.start_load_entries(hashes, None, windows);
+        loop {
+            if let Some(r) = t.wait().into_iter().find(|r| r.id == id) {
+                return r;
+            }
+        }
+    }
+
+    fn wcfg(dir: &Path) -> SsdConfig {
+        SsdConfig {
+            budget_bytes: 1 << 22,
+            ..cfg(dir)
+        }
+    }
+
+    #[test]
+    fn windows_are_saved_and_read_back_beside_pages() {
+        let dir = tmpdir("window-roundtrip");
+        let mut t = open_w(wcfg(&dir));
+        let ch = chain(&(0..16).collect::<Vec<_>>());
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        for (i, e) in ch.iter().enumerate() {
+            t.save(e, data(i));
+        }
+        t.save_window(hs[2], wdata(2));
+        t.save_window(hs[3], wdata(3));
+        assert!(t.contains(hs[2]) && t.contains_window(hs[2]));
+        assert!(!t.contains_window(hs[1]));
+        let w = t.stats().windows;
+        assert_eq!((w.entries, w.pending), (2, 2));
+        // From the write queue's copy, then from disk.
+        let r = load_windows(&mut t, &hs, &[hs[2], hs[3]]);
+        assert!(r.complete());
+        assert_eq!(**r.windows[1].as_ref().unwrap(), wdata(3));
+        t.flush();
+        t.drain_done();
+        let w = t.stats().windows;
+        assert_eq!((w.pending, w.written, w.served), (0, 2, 2));
+        let r = load_windows(&mut t, &hs[2..], &[hs[3], hs[2]]);
+        assert!(r.complete());
+        assert_eq!(**r.windows[0].as_ref().unwrap(), wdata(3));
+        assert_eq!(**r.windows[1].as_ref().unwrap(), wdata(2));
+        let w = t.stats().windows;
+        assert_eq!((w.read, w.read_bytes, w.served), (2, 2 * WB as u64, 4));
+        // An absent window: `None`, no read error.
+        let r = load_windows(&mut t, &[], &[hs[0]]);
+        assert!(!r.complete() && r.windows[0].is_none());
+        assert_eq!(t.stats().windows.read_errors, 0);
+        // Wrong size, or a tier without windows: dropped.
+        t.save_window(hs[0], vec![0; WB - 1]);
+        assert!(!t.contains_window(hs[0]));
+        assert_eq!(t.stats().windows.writes_dropped, 1);
+        let mut plain = open(cfg(&tmpdir("window-plain")));
+        plain.save_window(hs[0], wdata(0));
+        assert!(!plain.contains_window(hs[0]));
+        t.forget_window(hs[2]);
+        t.flush();
+        assert!(!t.contains_window(hs[2]) && t.contains(hs[2]));
+        assert_eq!(files(t.dir(), "window"), 1);
+    }
+
+    #[test]
+    fn corrupt_and_foreign_windows_are_read_errors_and_forgotten() {
+        let dir = tmpdir("window-corrupt");
+        let mut t = open_w(wcfg(&dir));
+        let ch = chain(&(0..16).collect::<Vec<_>>());
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        for (i, e) in ch.iter().enumerate() {
+            t.save(e, data(i));
+            t.save_window(hs[i], wdata(i));
+        }
+        t.flush();
+        t.drain_done();
+        // 0: flipped payload byte. 1: truncated. 2: a page's file in its place.
+        let p = t.window_path(hs[0]);
+        let mut b = fs::read(&p).unwrap();
+        let n = b.len();
+        b[n - 3] ^= 8;
+        fs::write(&p, b).unwrap();
+        let p = t.window_path(hs[1]);
+        let b = fs::read(&p).unwrap();
+        fs::write(&p, &b[..b.len() - 10]).unwrap();
+        fs::copy(t.page_path(hs[2]), t.window_path(hs[2])).unwrap();
+        let r = load_windows(&mut t, &hs, &hs);
+        assert_eq!(r.n_ok(), 4, "pages are unaffected");
+        assert!(!r.complete());
+        assert!(r.windows[..3].iter().all(Option::is_none));
+        assert_eq!(**r.windows[3].as_ref().unwrap(), wdata(3));
+        let w = t.stats().windows;
+        assert_eq!((w.read_errors, w.read, w.served, w.entries), (3, 1, 1, 1));
+        assert!((0..3).all(|i| !t.contains_window(hs[i])));
+        assert_eq!(t.stats().read_errors, 0);
+    }
+
+    #[test]
+    fn persistent_index_keeps_windows_and_their_size() {
+        let dir = tmpdir("window-persist");
+        let mut c = wcfg(&dir);
+        c.persist = true;
+        let toks: Vec<TokenId> = (0..12).collect();
+        let ch = chain(&toks);
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        let mut t = open_w(c.clone());
+        for (i, e) in ch.iter().enumerate() {
+            t.save(e, data(i));
+        }
+        t.save_window_wait(hs[1], wdata(1));
+        t.save_window_wait(hs[2], wdata(2));
+        let tier_dir = t.dir().to_path_buf();
+        drop(t);
+        let mut t = open_w(c.clone());
+        let (s, w) = (t.stats(), t.stats().windows);
+        assert_eq!((s.pages, w.entries), (3, 2));
+        let wf = Header::keyed(Kind::Window, 0, 0, WB as u64).file_bytes();
+        assert_eq!(w.bytes, 2 * wf);
+        assert!(t.contains_window(hs[1]) && !t.contains_window(hs[0]));
+        let r = load_windows(&mut t, &hs, &hs[1..]);
+        assert!(r.complete());
+        assert_eq!(**r.windows[1].as_ref().unwrap(), wdata(2));
+        drop(t);
+        // Another window size is another layout: the index is foreign, files go.
+        let bytes = EntryBytes {
+            page: PB,
+            state: 0,
+            window: WB + 2,
+        };
+        let t = SsdTier::open_sized(c, 42, PT, bytes, page_hash).unwrap();
+        assert_eq!((t.stats().pages, t.stats().windows.entries), (0, 0));
+        drop(t);
+        assert_eq!(files(&tier_dir, "page") + files(&tier_dir, "window"), 0);
+    }
+
+    #[test]
+    fn one_budget_over_pages_and_windows() {
+        let dir = tmpdir("window-budget");
+        let wf = Header::keyed(Kind::Window, 0, 0, WB as u64).file_bytes();
+        let mut c = wcfg(&dir);
+        c.budget_bytes = 2 * wf;
+        let mut t = open_w(c);
+        let ch = chain(&(0..12).collect::<Vec<_>>());
+        let hs: Vec<u64> = ch.iter().map(|e| e.hash).collect();
+        t.save_window(hs[0], wdata(0));
+        t.save(&ch[0], data(0));
+        // The page needs room: the least recently used entry, the window, goes.
+        t.save_window(hs[1], wdata(1));
+        let (s, w) = (t.stats(), t.stats().windows);
+        assert_eq!((s.pages, w.entries, w.evicted), (1, 1, 1));
+        assert!(!t.contains_window(hs[0]) && t.contains_window(hs[1]));
+        assert!(s.bytes + w.bytes <= 2 * wf);
     }
 
     #[test]

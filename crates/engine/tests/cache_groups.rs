@@ -1,14 +1,15 @@
 //! Cache groups on a real model with sliding-window layers (Gemma 3 270M: 15 of its
 //! 18 layers slide over 512 positions): those layers keep only their window's pages,
 //! compute exactly what one cache for all layers (`swa_full`) computes, and a long
-//! prefix served from the cache gives exactly the numbers of computing it.
+//! prefix served from the cache gives exactly the numbers of computing it, from RAM,
+//! from the SSD tier and after a restart.
 
 mod common;
 
 use std::sync::Arc;
 
 use common::*;
-use tempo9_engine::{EngineConfig, EngineCore, Request};
+use tempo9_engine::{EngineConfig, EngineCore, Request, SsdConfig};
 use tempo9_models::Model;
 use tempo9_tokenizer::Tokenizer;
 
@@ -281,4 +282,150 @@ fn random_workloads_with_sliding_windows_stay_sound() {
         st.prefix_hit_tokens > 0 && st.preemptions_total > 0,
         "the workload should exercise prefix hits and preemption: {st:?}"
     );
+}
+
+/// The same prompt on a fresh engine (no cache, no SSD tier).
+fn cold(model: &Arc<Model>, tok: &Arc<Tokenizer>, prompt: &[u32], n: usize) -> Output {
+    run_batch(
+        &mut engine(model, tok, false),
+        vec![greedy(prompt.to_vec(), n)],
+    )
+    .remove(0)
+}
+
+fn same(what: &str, got: &Output, want: &Output) {
+    assert_eq!(got.tokens, want.tokens, "{what}: tokens");
+    assert_eq!(got.top_logprobs, want.top_logprobs, "{what}: logprobs");
+}
+
+/// Runs one request, timing it.
+fn timed(eng: &mut EngineCore, prompt: &[u32], n: usize) -> (Output, f64) {
+    let t = std::time::Instant::now();
+    let out = run_batch(eng, vec![greedy(prompt.to_vec(), n)]).remove(0);
+    (out, t.elapsed().as_secs_f64())
+}
+
+/// Sliding windows on the SSD tier: (a) a long prompt's pages and windows evicted
+/// from a tight RAM budget come back from disk for its next turn; (b) after a
+/// restart with a persistent tier, the next turn resumes from what the first engine
+/// wrote, windows it kept in RAM included; (c) corrupt window files are read errors
+/// and recomputed. Each time bit-identical to a cold engine.
+#[test]
+fn sliding_windows_resume_from_the_ssd_tier_and_after_a_restart() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = gemma3() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("tempo9-sliding-ssd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let probe = engine(&model, &tok, false).stats();
+    let ps = probe.page_tokens;
+    let cfg = EngineConfig {
+        deterministic: true,
+        threads: 2,
+        max_running: 2,
+        itl_target: None,
+        // 48 pages in each group: the fill evicts a 2000-token prompt.
+        kv_budget_bytes: Some(48 * (probe.page_bytes + probe.sliding_page_bytes)),
+        ssd: Some(SsdConfig {
+            persist: true,
+            ..SsdConfig::new(&dir)
+        }),
+        ..EngineConfig::default()
+    };
+    let a = text_tokens(&tok, 2000, 21);
+    let fill: Vec<Vec<u32>> = (0..3).map(|i| text_tokens(&tok, 1500, 30 + i)).collect();
+    let turn = |prev: &[u32], out: &Output, seed| {
+        [prev, &out.tokens[..], &text_tokens(&tok, 120, seed)[1..]].concat()
+    };
+    // (a) Evicted to disk, then continued.
+    let (b, out_b) = {
+        let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg.clone()).expect("engine");
+        let out_a = run_batch(&mut eng, vec![greedy(a.clone(), 4)]).remove(0);
+        for f in &fill {
+            run_batch(&mut eng, vec![greedy(f.clone(), 2)]);
+        }
+        eng.flush_ssd();
+        let st = eng.stats();
+        assert!(st.kv_pages_total <= 48, "{st:?}");
+        assert!(
+            st.ssd.pages > 0 && st.ssd.windows.entries > 0,
+            "evicted pages and windows are on disk: {:?}",
+            st.ssd
+        );
+        let b = turn(&a, &out_a, 22);
+        let (out_b, secs) = timed(&mut eng, &b, 12);
+        let st = eng.stats();
+        let cached = out_b.finish.usage.cached_tokens;
+        // A's prompt up to its last whole page.
+        assert_eq!(cached, a.len() / ps * ps, "{:?}", st.ssd);
+        assert!(
+            st.ssd.hit_tokens > 0 && st.ssd.windows.served > 0,
+            "served from disk: {:?}",
+            st.ssd
+        );
+        let (want, cold_secs) = {
+            let t = std::time::Instant::now();
+            (cold(&model, &tok, &b, 12), t.elapsed().as_secs_f64())
+        };
+        same("B from the SSD tier", &out_b, &want);
+        eprintln!(
+            "(a) B: {cached} tokens cached, {} from disk ({} windows served, {} written) in {secs:.2} s; cold {cold_secs:.2} s",
+            st.ssd.hit_tokens, st.ssd.windows.served, st.ssd.windows.written
+        );
+        (b, out_b)
+    };
+    // (b) A restart: B's next turn resumes at B's last whole page, whose window the
+    // first engine kept in RAM until it wrote it out on shutdown.
+    let c = turn(&b, &out_b, 23);
+    {
+        let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg.clone()).expect("engine");
+        let st = eng.stats().ssd;
+        assert!(st.pages > 0 && st.windows.entries > 0, "{st:?}");
+        let (out_c, secs) = timed(&mut eng, &c, 12);
+        let st = eng.stats().ssd;
+        let cached = out_c.finish.usage.cached_tokens;
+        assert_eq!(cached, b.len() / ps * ps, "after a restart: {st:?}");
+        assert!(st.hit_tokens > 0 && st.windows.served > 0, "{st:?}");
+        assert_eq!(st.hit_tokens as usize, cached, "all of it from disk");
+        same("C after a restart", &out_c, &cold(&model, &tok, &c, 12));
+        eprintln!(
+            "(b) C: {cached} tokens from disk ({} windows) in {secs:.2} s",
+            st.windows.served
+        );
+    }
+    // (c) Corrupt window files: read errors, recomputed, still exact.
+    let tier = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().is_dir())
+        .expect("tier dir");
+    let mut corrupted = 0;
+    for e in std::fs::read_dir(tier.path()).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "window") {
+            let mut bytes = std::fs::read(e.path()).unwrap();
+            let n = bytes.len();
+            bytes[n - 1] ^= 0x55;
+            std::fs::write(e.path(), bytes).unwrap();
+            corrupted += 1;
+        }
+    }
+    assert!(corrupted > 0, "no window files");
+    let d = turn(&b, &out_b, 24);
+    {
+        let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg.clone()).expect("engine");
+        let out_d = run_batch(&mut eng, vec![greedy(d.clone(), 12)]).remove(0);
+        let st = eng.stats().ssd;
+        assert!(st.windows.read_errors >= 1, "{st:?}");
+        same(
+            "D over corrupt windows",
+            &out_d,
+            &cold(&model, &tok, &d, 12),
+        );
+        eprintln!(
+            "(c) D: {} window read errors of {corrupted} corrupted files; cached {}",
+            st.windows.read_errors, out_d.finish.usage.cached_tokens
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -756,6 +756,55 @@ fn kv_tier_metrics(out: &mut String, s: &tempo9_engine::EngineStats) {
         "Bytes of state checkpoints written to the SSD tier.",
         x.write_state_bytes,
     );
+    let w = &x.windows;
+    gauge(
+        out,
+        "tempo9_kv_ssd_windows",
+        "Sliding-window sidecars (one page's sliding-layer KV) in the SSD tier (on disk or queued).",
+        w.entries as f64,
+    );
+    gauge(
+        out,
+        "tempo9_kv_ssd_window_bytes",
+        "Bytes of sliding-window sidecar files in the SSD tier.",
+        w.bytes as f64,
+    );
+    for (name, help, v) in [
+        (
+            "served",
+            "Sliding-window sidecars read back from the SSD tier for requests.",
+            w.served,
+        ),
+        (
+            "written",
+            "Sliding-window sidecars written to the SSD tier.",
+            w.written,
+        ),
+        (
+            "read_errors",
+            "Sliding-window sidecar reads that failed (the request recomputes).",
+            w.read_errors,
+        ),
+        (
+            "evicted",
+            "Sliding-window sidecars removed from the SSD tier to stay within its budget.",
+            w.evicted,
+        ),
+    ] {
+        counter(out, &format!("tempo9_kv_ssd_windows_{name}_total"), help, v);
+    }
+    counter(
+        out,
+        "tempo9_kv_ssd_window_read_bytes_total",
+        "Bytes of sliding-window sidecars read from the SSD tier.",
+        w.read_bytes,
+    );
+    counter(
+        out,
+        "tempo9_kv_ssd_window_write_bytes_total",
+        "Bytes of sliding-window sidecars written to the SSD tier.",
+        w.write_bytes,
+    );
     gauge(
         out,
         "tempo9_kv_ssd_pending_pages",

@@ -140,6 +140,9 @@ impl EngineCore {
             Ok(cells) => cells,
             Err(e) => return failed(&e),
         };
+        // Taking the page may have evicted one (or a window) still to go to the SSD
+        // tier: copy it out before writing over it.
+        self.ssd_save_evicted();
         let mut written = self.kv.write_cells(0, cells.full[0], n, &data);
         if let (Ok(()), Some(d)) = (&written, &sliding_data) {
             written = self.kv.write_cells(1, cells.sliding[0], n, d);
@@ -229,16 +232,19 @@ impl EngineCore {
             let mut s = self.waiting.remove(i);
             let tokens = &s.tokens[..usable];
             let junction = self.cache.lookup_full(tokens, 0).n_cached_tokens;
-            // A hybrid model with an SSD tier may resume deeper than its RAM hit.
+            // A hybrid or sliding-window model with an SSD tier may resume deeper
+            // than its RAM hit (with its state or window from either tier).
+            let window = self.allocate_window_resume(s.id, tokens);
             let resume = self.hybrid_resume(tokens);
             let at = resume.as_ref().map(|r| {
                 self.cache
                     .allocate_at(s.id, tokens, 0, r.ram_pages, r.state)
             });
-            let (m, resume) = match at {
-                Some(Ok(m)) => (m, resume),
+            let (m, resume) = match (&window, at) {
+                (Some(w), _) => (w.ram_match.clone(), None),
+                (None, Some(Ok(m))) => (m, resume),
                 // Its RAM pages did not fit: the RAM hit alone, as without a tier.
-                _ => (
+                (None, _) => (
                     self.cache
                         .allocate(s.id, tokens, 0)
                         .expect("a waiting request holds no pages"),
@@ -256,9 +262,10 @@ impl EngineCore {
             }
             s.n_computed = m.n_cached_tokens;
             self.plan_state_targets(&mut s, junction);
-            let ready = match resume {
-                Some(r) => self.ssd_begin_hybrid_load(s, r, &m, first_admission),
-                None => self.ssd_begin_load(s, usable, &m, first_admission),
+            let ready = match (window, resume) {
+                (Some(w), _) => self.ssd_begin_window_load(s, w, first_admission),
+                (None, Some(r)) => self.ssd_begin_hybrid_load(s, r, &m, first_admission),
+                (None, None) => self.ssd_begin_load(s, usable, &m, first_admission),
             };
             if let Some(mut s) = ready {
                 if first_admission {

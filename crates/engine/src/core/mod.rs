@@ -23,6 +23,7 @@ mod output;
 mod runner;
 mod state_tier;
 mod tier;
+mod window_tier;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -474,6 +475,8 @@ pub struct EngineCore {
     running: Vec<Live>,
     ssd: Option<SsdTier>,
     loading: Vec<Loading>,
+    /// Sliding-window pages the loads in flight fill (see [`window_tier`]).
+    window_fills: window_tier::WindowFills,
     next_id: RequestId,
     /// Requests submitted but not yet admitted (shared with the threaded handle).
     queued: Arc<AtomicUsize>,
@@ -605,6 +608,9 @@ impl EngineCore {
         if let (Some(r), true) = (cache.recurrent_mut(), ssd.is_some()) {
             r.set_eviction_log(true);
         }
+        if let (Some(s), true) = (cache.sliding_mut(), ssd.is_some()) {
+            s.set_eviction_log(true);
+        }
         Ok(EngineCore {
             model,
             tok,
@@ -615,6 +621,7 @@ impl EngineCore {
             groups,
             ssd,
             loading: Vec::new(),
+            window_fills: Default::default(),
             config,
             limits,
             page_bytes,

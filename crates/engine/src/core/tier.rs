@@ -3,10 +3,11 @@
 //! back into fresh RAM pages before the request is scheduled, and a persistent tier
 //! gets the RAM cache on shutdown.
 //!
-//! The tier holds the full-attention group's pages (group 0 of the KV store), and a
-//! hybrid model's recurrent-state checkpoints (`state_tier`). A model with a
-//! sliding-window group keeps those layers' windows in RAM only, so a hit there
-//! needs them in RAM and the continuation on disk is not used.
+//! The tier holds the full-attention group's pages (group 0 of the KV store), a
+//! hybrid model's recurrent-state checkpoints (`state_tier`), and a sliding-window
+//! model's sidecars, the windows a hit needs in those layers (`window_tier`). Those
+//! two kinds of model resume from disk through their own modules; this one loads
+//! the pages of the others.
 
 use tempo9_models::{KvStore, Model};
 
@@ -19,6 +20,12 @@ use crate::ssd::{SsdConfig, SsdTier};
 /// warning) when its directory cannot be used: the engine then runs RAM-only.
 pub(super) fn open_ssd(model: &Model, kv: &KvStore, ps: usize, cfg: SsdConfig) -> Option<SsdTier> {
     let hp = model.hparams();
+    let group_bytes = |kind: fn(&tempo9_models::GroupKind) -> bool, cells: usize| {
+        kv.groups()
+            .iter()
+            .position(|g| kind(&g.kind))
+            .map_or(0, |g| kv.cells_bytes(g, cells))
+    };
     let layout = crate::ssd::KvLayout {
         n_layer: hp.n_layer,
         n_embd_k: hp.n_embd_k(),
@@ -27,23 +34,24 @@ pub(super) fn open_ssd(model: &Model, kv: &KvStore, ps: usize, cfg: SsdConfig) -
         page_bytes: kv.cells_bytes(0, ps),
         dtype: "f16",
         device: format!("{:?}", model.device().kind()),
-        state_bytes: kv
-            .groups()
-            .iter()
-            .position(|g| g.kind == tempo9_models::GroupKind::Recurrent)
-            .map_or(0, |g| kv.cells_bytes(g, 1)),
+        state_bytes: group_bytes(|k| *k == tempo9_models::GroupKind::Recurrent, 1),
     };
+    // Not part of the identity: it follows from the model file and page size, and a
+    // sliding-window model's tier then keeps its directory (an index from before
+    // window entries is found there and judged foreign by its version).
+    let window_bytes = group_bytes(
+        |k| matches!(k, tempo9_models::GroupKind::Sliding { .. }),
+        ps,
+    );
     let gguf = model.gguf();
     let id = crate::ssd::model_identity(gguf.bytes(), gguf.data_offset() as usize, &layout);
     let dir = cfg.dir.clone();
-    let opened = SsdTier::open_with_states(
-        cfg,
-        id,
-        ps,
-        layout.page_bytes,
-        layout.state_bytes,
-        crate::pages::page_hash,
-    );
+    let bytes = crate::ssd::EntryBytes {
+        page: layout.page_bytes,
+        state: layout.state_bytes,
+        window: window_bytes,
+    };
+    let opened = SsdTier::open_sized(cfg, id, ps, bytes, crate::pages::page_hash);
     match opened {
         Ok(t) => {
             tracing::info!(dir = %t.dir().display(), budget_mib = t.stats().budget_bytes >> 20,
@@ -74,8 +82,8 @@ impl EngineCore {
     /// Hashes of the SSD pages that continue the RAM match `m` of `tokens` (at most
     /// up to `(tokens.len() - 1) / page_size` pages in all, like a RAM lookup).
     pub(super) fn ssd_continuation(&self, tokens: &[u32], m: &PrefixMatch) -> Vec<u64> {
-        // Pages from disk need the sliding windows or recurrent states after them,
-        // which stay in RAM only.
+        // Pages from disk need the sliding windows or recurrent states after them:
+        // `window_tier` and `state_tier` resume those models.
         let ram_only = self.cache.sliding().is_some() || self.cache.recurrent().is_some();
         let Some(ssd) = self.ssd.as_ref().filter(|_| !ram_only) else {
             return Vec::new();
@@ -157,6 +165,10 @@ impl EngineCore {
                 self.finish_state_load(l, r, state);
                 continue;
             }
+            if let Some(windows) = self.window_fills.remove(&l.load) {
+                self.finish_window_load(l, r, windows);
+                continue;
+            }
             let Some(ssd) = self.ssd.as_mut() else {
                 return;
             };
@@ -199,22 +211,24 @@ impl EngineCore {
     }
 
     /// Copies the KV of pages the pool evicted since the last call to the SSD tier
-    /// (before any model step can overwrite them).
+    /// (before any model step can overwrite them), with their sliding windows.
     pub(super) fn ssd_save_evicted(&mut self) {
         self.ssd_save_evicted_states();
         let Some(ssd) = self.ssd.as_mut() else {
             return;
         };
         let ps = self.cache.page_size();
-        for e in self.cache.full_mut().take_evicted() {
+        let evicted = self.cache.full_mut().take_evicted();
+        for e in &evicted {
             if ssd.contains(e.hash) {
                 continue;
             }
             match self.kv.read_cells(0, e.page as usize * ps, ps) {
-                Ok(data) => ssd.save(&e, data),
+                Ok(data) => ssd.save(e, data),
                 Err(err) => tracing::warn!(error = %err, "KV SSD tier: could not copy a page out"),
             }
         }
+        self.ssd_save_evicted_windows(&evicted);
     }
 
     /// Ends cancelled requests whose prefix is still loading.
@@ -226,6 +240,7 @@ impl EngineCore {
                 if let Some(ssd) = self.ssd.as_mut() {
                     ssd.cancel_load(l.load);
                 }
+                self.window_fills.remove(&l.load);
                 self.end(l.live, FinishReason::Cancelled);
             } else {
                 i += 1;
@@ -261,5 +276,6 @@ impl EngineCore {
             }
         }
         self.ssd_persist_ram_states();
+        self.ssd_persist_ram_windows();
     }
 }
