@@ -471,14 +471,17 @@ if has ab35; then
     # (GGML_CUDA_PDL=1), to size what PDL is worth on this graph; llama-bench on the
     # same file when .llama-src was carried.
     write_hybrid_file || exit 1
-    pre="$work/tempo9-pre"
+    # (next to the ggml libraries it loads through its $ORIGIN rpath)
+    pre="$root/.gpu-carry/tempo9-pre"
     [ -x "$pre" ] || { xz -dc "$root/.gpu-carry/tempo9-pre.xz" >"$pre" && chmod +x "$pre"; }
-    for v in pre post pre post "post GGML_CUDA_PDL=1"; do
+    # AB_VARIANTS: which runs, in order (pre, post, or post with environment settings).
+    IFS=, read -ra variants <<<"${AB_VARIANTS:-pre,post,pre,post,post GGML_CUDA_PDL=1}"
+    for v in "${variants[@]}"; do
         b=$T e=""; [ "$v" = pre ] && b=$pre; [ "$v" != "${v#post }" ] && e=${v#post }
         env $e $b bench --gguf "$hf" --device cuda --pp 512 --tg 256 --reps 1 2>>"$out/run.log" \
             | sed "s/^{/{\"model\":\"qwen35moe-35b-a3b-q3_k-chat\",\"variant\":\"$v\",/" | tee -a "$out/results.jsonl"
     done
-    if [ "${llama_rc:-1}" = 0 ]; then
+    if [ "${llama_rc:-1}" = 0 ] && [ "${AB_LLAMA:-1}" != 0 ]; then
         bash "$root/scripts/gpu/llama-bench.sh" run "$hf" -p 512 -n 256 -fa 1 -r 2 -o jsonl \
             2>>"$out/run.log" | sed 's/^{/{"model":"qwen35moe-35b-a3b-q3_k-chat",/' | tee -a "$out/llama-bench.jsonl"
     fi
