@@ -578,8 +578,11 @@ impl Context {
     /// gated-DeltaNet linear attention): `q`, `k` `[s, h_k, n_t, n_seqs]`, `v` `[s,
     /// h_v, n_t, n_seqs]` (rows contiguous), `g` (log decay) and `beta` `[1, h_v,
     /// n_t, n_seqs]`, `state` `[s, s, h_v, n_seqs]`, all F32. Queries are scaled by
-    /// `1/sqrt(s)` inside. Gives F32 `[s * h_v, n_t * n_seqs + s * n_seqs]`: the
-    /// outputs, then the final states.
+    /// `1/sqrt(s)` inside. Gives F32 `[s * h_v, n_t * n_seqs + snapshots * s *
+    /// n_seqs]`: the outputs, then `snapshots` states per sequence, most recent first
+    /// (snapshot `j` is the state `j` tokens before the chunk's end; the final state
+    /// is snapshot 0), snapshot-major: snapshot `j` of sequence `i` is the state at
+    /// index `j * n_seqs + i`.
     #[allow(clippy::too_many_arguments)]
     pub fn gated_delta_net<'a>(
         &'a self,
@@ -589,8 +592,14 @@ impl Context {
         g: Tensor<'a>,
         beta: Tensor<'a>,
         state: Tensor<'a>,
+        snapshots: usize,
     ) -> Tensor<'a> {
         let (qn, vn, sn) = (q.ne(), v.ne(), state.ne());
+        assert!(
+            (1..=vn[2].max(1) as usize).contains(&snapshots),
+            "gated_delta_net: {snapshots} snapshots of a {}-token chunk",
+            vn[2]
+        );
         assert!(
             qn == k.ne()
                 && qn[0] == vn[0]
@@ -614,7 +623,7 @@ impl Context {
                 g.raw(),
                 beta.raw(),
                 state.raw(),
-                1,
+                snapshots as i64,
             )
         })
     }

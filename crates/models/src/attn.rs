@@ -391,6 +391,7 @@ mod tests {
                 mask_swa: None,
             }],
             tiled_prompt: false,
+            state_snapshot: None,
         }
     }
 

@@ -81,6 +81,20 @@ pub struct SeqSpan {
     /// 64 tokens, or more): a shorter chunk of it (after a prefix-cache hit) is
     /// padded to a full tile of query rows, so its rows round the same way.
     pub tiled_prompt: bool,
+    /// A copy of the sequence's recurrent state as it was `back` rows before the end
+    /// of its rows, written into another slot of the recurrent group in the same
+    /// step (a checkpoint inside a prompt piece, so the piece need not end there).
+    pub state_snapshot: Option<StateSnapshot>,
+}
+
+/// Where a sequence's mid-piece recurrent state goes (see [`SeqSpan::state_snapshot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateSnapshot {
+    /// The recurrent group's slot written.
+    pub slot: u32,
+    /// Rows before the end of the sequence's rows (0: its final state), fewer than
+    /// its rows.
+    pub back: usize,
 }
 
 impl SeqSpan {
@@ -130,6 +144,29 @@ pub(crate) fn check(hp: &HParams, b: &StepBatch, kv: &KvStore) -> Result<(), Mod
             return bad("sequence spans must cover the tokens in order".into());
         }
         next_row += s.n_rows;
+        if let Some(snap) = s.state_snapshot {
+            let recurrent = kv
+                .groups()
+                .iter()
+                .position(|g| g.kind == GroupKind::Recurrent);
+            let Some(g) = recurrent else {
+                return bad("a state snapshot in a model without recurrent layers".into());
+            };
+            let own = s
+                .views
+                .get(g)
+                .and_then(|v| v.window.first())
+                .map(|r| r.start);
+            if snap.back >= s.n_rows
+                || snap.slot as usize >= kv.n_cells(g)
+                || own == Some(snap.slot as usize)
+            {
+                return bad(format!(
+                    "state snapshot {} rows back into slot {} of a {}-row sequence",
+                    snap.back, snap.slot, s.n_rows
+                ));
+            }
+        }
         if s.views.len() != n_groups {
             return bad(format!(
                 "a sequence has {} KV views for {n_groups} cache groups",

@@ -71,6 +71,9 @@ pub(crate) struct StateOp {
     pub n_rows: usize,
     /// Each sequence's state slot, in row order.
     pub slots: Vec<i32>,
+    /// Mid-chunk states to keep: (sequence index in the op, rows back from the
+    /// chunk's end, slot written). See [`crate::SeqSpan::state_snapshot`].
+    pub snaps: Vec<(usize, usize, i32)>,
 }
 
 /// The state ops of `batch` for its recurrent cache group (none without one).
@@ -87,18 +90,28 @@ pub(crate) fn plan(batch: &StepBatch, groups: &[GroupKind]) -> Vec<StateOp> {
                 row_start: s.row_start,
                 n_rows: s.n_rows,
                 slots: vec![slot],
+                snaps: Vec::new(),
             }),
+        }
+        if let Some(snap) = s.state_snapshot {
+            let op = ops.last_mut().expect("pushed above");
+            op.snaps
+                .push((op.slots.len() - 1, snap.back, snap.slot as i32));
         }
     }
     ops
 }
 
-/// One state op's graph input: its sequences' slots (I32).
+/// One state op's graph input: its sequences' slots (I32), and for its snapshots
+/// (sequence index in the op, rows back) with their inputs: the snapshot rows to
+/// gather and the slots they go to (I32).
 #[derive(Clone)]
 pub(crate) struct StateInputs<'a> {
     pub row_start: usize,
     pub n_rows: usize,
     pub slots: Tensor<'a>,
+    pub snaps: Vec<(usize, usize)>,
+    pub snap_io: Option<(Tensor<'a>, Tensor<'a>)>,
 }
 
 /// `x / sqrt(sum(x^2) + eps)` over dim 0, written as llama.cpp writes it (an RMS
@@ -163,6 +176,24 @@ impl<'a> Builder<'a> {
             let last = ctx.reshape(ctx.cont(last), &[(k_conv - 1) * c, n]);
             let w = ctx.set_rows(conv_pool, last, op.slots);
             self.graph.expand(w);
+            // Snapshots' convolution states: the d_conv - 1 inputs before their row.
+            if let Some((_, snap_slots)) = op.snap_io {
+                let parts = op
+                    .snaps
+                    .iter()
+                    .map(|&(i, back)| {
+                        let v = ctx.view(
+                            conv_in,
+                            &[k_conv - 1, c],
+                            &[conv_in.nb()[1]],
+                            i * conv_in.nb()[2] + (t as usize - back) * f32b,
+                        );
+                        ctx.reshape(ctx.cont(v), &[(k_conv - 1) * c, 1])
+                    })
+                    .collect();
+                let rows = self.concat_all(parts, 1);
+                self.graph.expand(ctx.set_rows(conv_pool, rows, snap_slots));
+            }
             let conv = ctx.silu(ctx.ssm_conv(conv_in, self.wt(l.conv))); // [c, t, n]
             let nb1 = conv.nb()[1];
             let head = |heads: i64, offset: i64| {
@@ -177,6 +208,8 @@ impl<'a> Builder<'a> {
             let k = l2_norm(self, head(hk, hk * s));
             let v = head(hv, 2 * hk * s);
             let state = ctx.reshape(ctx.get_rows(ssm_pool, op.slots), &[s, s, hv, n]);
+            // States kept per sequence: one more than the deepest snapshot.
+            let n_snap = op.snaps.iter().map(|s| s.1 + 1).max().unwrap_or(1);
             let res = ctx.gated_delta_net(
                 q,
                 k,
@@ -184,6 +217,7 @@ impl<'a> Builder<'a> {
                 rows(g, &[1, hv, t, n]),
                 rows(beta, &[1, hv, t, n]),
                 state,
+                n_snap,
             );
             let out_len = (s * hv * t * n) as usize;
             let new_state = ctx.view(
@@ -194,6 +228,18 @@ impl<'a> Builder<'a> {
             );
             let w = ctx.set_rows(ssm_pool, new_state, op.slots);
             self.graph.expand(w);
+            // Snapshots' delta-rule states: rows `back * n + i` of the snapshots.
+            if let Some((snap_rows, snap_slots)) = op.snap_io {
+                let all = ctx.view(
+                    res,
+                    &[s * s * hv, n * n_snap as i64],
+                    &[(s * s * hv) as usize * f32b],
+                    out_len * f32b,
+                );
+                let picked = ctx.get_rows(all, snap_rows);
+                self.graph
+                    .expand(ctx.set_rows(ssm_pool, picked, snap_slots));
+            }
             outs.push(ctx.view(res, &[s * hv, t * n], &[(s * hv) as usize * f32b], 0));
         }
         let o = self.concat_all(outs, 1); // [s * hv, n_t]

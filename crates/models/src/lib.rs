@@ -27,7 +27,7 @@ use tempo9_ggml::{Device, DeviceKind, GgmlError};
 use tempo9_gguf::{GgufError, GgufFile};
 
 pub use attn::MATMUL_DECODE_ABOVE;
-pub use batch::{CellRun, KvView, SeqSpan, StepBatch};
+pub use batch::{CellRun, KvView, SeqSpan, StateSnapshot, StepBatch};
 pub use cache::{CacheGroup, GroupKind};
 pub use hparams::{Arch, HParams, MoeParams, SsmParams};
 pub use kv::{KvStore, MaskBuilder};

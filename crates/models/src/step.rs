@@ -38,6 +38,8 @@ struct StepShape {
     ops: Vec<Vec<OpShape>>,
     /// [`StepBatch::batch_invariant`].
     invariant: bool,
+    /// (sequence index, rows back) of each state snapshot: baked into the graph.
+    snaps: Vec<(usize, usize)>,
 }
 
 /// What an attention op bakes into the graph: its rows and the KV cells it views.
@@ -86,6 +88,12 @@ impl StepShape {
             greedy,
             invariant: b.batch_invariant,
             seqs: b.seqs.iter().map(|s| (s.row_start, s.n_rows)).collect(),
+            snaps: b
+                .seqs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.state_snapshot.map(|snap| (i, snap.back)))
+                .collect(),
             ops: ops
                 .iter()
                 .map(|g| g.iter().map(OpShape::of).collect())
@@ -123,8 +131,8 @@ struct InputIds {
     pos: usize,
     /// Multi-section rope positions.
     pos_multi: Option<usize>,
-    /// Each state op's slots.
-    states: Vec<usize>,
+    /// Each state op's slots, and its snapshots' (rows, slots).
+    states: Vec<(usize, Option<(usize, usize)>)>,
     /// Per cache group, its KV slots.
     slots: Vec<usize>,
     out_ids: usize,
@@ -239,7 +247,11 @@ impl Model {
         let matmul_groups = if cpu { 32 * batch.seqs.len() } else { 0 };
         let per_group: Vec<usize> = (0..kv.n_groups())
             .map(|g| match kv.groups()[g].kind {
-                GroupKind::Recurrent => 96 + 40 * states.len() + matmul_groups,
+                GroupKind::Recurrent => {
+                    96 + 40 * states.len()
+                        + states.iter().map(|o| 8 + 4 * o.snaps.len()).sum::<usize>()
+                        + matmul_groups
+                }
                 _ => {
                     64 + matmul_groups
                         + batch
@@ -292,6 +304,13 @@ impl Model {
                         row_start: op.row_start,
                         n_rows: op.n_rows,
                         slots: index_input("inp_state_slots", op.slots.len()),
+                        snaps: op.snaps.iter().map(|&(i, back, _)| (i, back)).collect(),
+                        snap_io: (!op.snaps.is_empty()).then(|| {
+                            (
+                                index_input("inp_state_snap_rows", op.snaps.len()),
+                                index_input("inp_state_snap_slots", op.snaps.len()),
+                            )
+                        }),
                     })
                     .collect(),
                 slots: (0..ops.len())
@@ -345,7 +364,12 @@ impl Model {
                 states: inp
                     .states
                     .iter()
-                    .map(|s| kept(&mut keep, s.slots))
+                    .map(|s| {
+                        let snap = s
+                            .snap_io
+                            .map(|(r, t)| (kept(&mut keep, r), kept(&mut keep, t)));
+                        (kept(&mut keep, s.slots), snap)
+                    })
                     .collect(),
                 slots: Vec::new(),
                 out_ids: kept(&mut keep, inp.out_ids),
@@ -413,8 +437,19 @@ impl Model {
             pos.resize(4 * n, 0);
             g.tensor(t).write(&pos)?;
         }
-        for (&t, op) in ins.states.iter().zip(states) {
+        for (&(t, snap), op) in ins.states.iter().zip(states) {
             g.tensor(t).write(&op.slots)?;
+            if let Some((rows, slots)) = snap {
+                let n = op.slots.len();
+                let r: Vec<i32> = op
+                    .snaps
+                    .iter()
+                    .map(|&(i, back, _)| (back * n + i) as i32)
+                    .collect();
+                let s: Vec<i32> = op.snaps.iter().map(|&(_, _, slot)| slot).collect();
+                g.tensor(rows).write(&r)?;
+                g.tensor(slots).write(&s)?;
+            }
         }
         for (&t, slots) in ins.slots.iter().zip(&batch.kv_slots) {
             g.tensor(t).write(slots)?;

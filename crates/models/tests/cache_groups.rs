@@ -110,6 +110,7 @@ impl Layout {
                 n_rows,
                 views,
                 tiled_prompt: tiled,
+                state_snapshot: None,
             });
             b.output_rows.push((row_start + n_rows - 1) as i32);
         }
@@ -508,6 +509,7 @@ fn batches_are_checked_per_group() {
                 .map(|(g, p)| view(g, &hp.is_swa, hp.swa_window, p, 0, 8))
                 .collect(),
             tiled_prompt: false,
+            state_snapshot: None,
         });
         b
     };

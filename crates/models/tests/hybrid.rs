@@ -11,7 +11,7 @@ use tempo9_ggml::Device;
 use tempo9_gguf::GgufFile;
 use tempo9_models::{
     CellRun, GroupKind, KvStore, KvView, LoadOptions, MaskBuilder, Model, ModelError, SeqSpan,
-    StepBatch,
+    StateSnapshot, StepBatch,
 };
 
 mod common;
@@ -160,6 +160,8 @@ struct Part<'t> {
     start: usize,
     base: usize,
     slot: usize,
+    /// Also write the state this many rows before the end into that slot.
+    snapshot: Option<StateSnapshot>,
 }
 
 /// Runs one step of `parts`; returns every row's logits.
@@ -201,6 +203,7 @@ fn step(model: &Arc<Model>, kv: &Arc<KvStore>, parts: &[Part<'_>]) -> Vec<Vec<f3
                 },
             ],
             tiled_prompt: false,
+            state_snapshot: p.snapshot,
         });
     }
     b.output_rows = (0..b.tokens.len() as i32).collect();
@@ -260,6 +263,7 @@ fn chunked_prompt_matches_one_step() {
                 start: 0,
                 base: 0,
                 slot: 2,
+                snapshot: None,
             }],
         )
     };
@@ -276,6 +280,7 @@ fn chunked_prompt_matches_one_step() {
                     start: at,
                     base: 0,
                     slot: 2,
+                    snapshot: None,
                 }],
             );
             for (j, r) in rows.iter().enumerate() {
@@ -296,6 +301,7 @@ fn chunked_prompt_matches_one_step() {
             start: 0,
             base: 0,
             slot: 2,
+            snapshot: None,
         }],
     );
     kv.clear_cells(1, 2, 1).unwrap();
@@ -307,6 +313,7 @@ fn chunked_prompt_matches_one_step() {
             start: 10,
             base: 0,
             slot: 2,
+            snapshot: None,
         }],
     );
     let d = max_diff(&rows[9], &whole[19]);
@@ -315,6 +322,65 @@ fn chunked_prompt_matches_one_step() {
         d > 1e-3 && d > 100.0 * worst,
         "the state made no difference"
     );
+}
+
+/// A state snapshot keeps, in another slot, the state as it was some rows before
+/// the end of a chunk: what computing the chunk only up to there leaves (to float
+/// rounding of matmuls over different row counts), for two sequences of one op.
+#[test]
+fn a_snapshot_keeps_the_state_of_a_row_inside_the_chunk() {
+    let model = load(tiny(|_| {}, None)).expect("load");
+    let other: Vec<u32> = PROMPT.iter().map(|t| (t * 7 + 3) % VOCAB as u32).collect();
+    let floats = |kv: &KvStore, slot: usize| -> Vec<f32> {
+        kv.read_cells(1, slot, 1)
+            .unwrap()
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let kv = new_kv(&model);
+    let snap = |slot: u32, back: usize| Some(StateSnapshot { slot, back });
+    step(
+        &model,
+        &kv,
+        &[
+            Part {
+                tokens: &PROMPT,
+                start: 0,
+                base: 0,
+                slot: 2,
+                snapshot: snap(5, 6),
+            },
+            Part {
+                tokens: &other,
+                start: 0,
+                base: 64,
+                slot: 3,
+                snapshot: snap(6, 3),
+            },
+        ],
+    );
+    for (tokens, back, slot) in [(&PROMPT[..], 6, 5), (&other[..], 3, 6)] {
+        let alone = new_kv(&model);
+        step(
+            &model,
+            &alone,
+            &[Part {
+                tokens: &tokens[..20 - back],
+                start: 0,
+                base: 0,
+                slot: 1,
+                snapshot: None,
+            }],
+        );
+        let (want, got) = (floats(&alone, 1), floats(&kv, slot));
+        let d = max_diff(&want, &got);
+        eprintln!("snapshot {back} rows back: {d:.2e} from the state of a chunk ending there");
+        assert!(d < 1e-4, "snapshot {back} rows back differs by {d}");
+        assert!(want.iter().any(|&x| x != 0.0), "an empty state");
+    }
+    // The final states are the chunks' own, not the snapshots.
+    assert!(max_diff(&floats(&kv, 2), &floats(&kv, 5)) > 1e-3);
 }
 
 /// Sequences in one step (a prompt chunk, a decode row, another chunk) each read
@@ -333,6 +399,7 @@ fn batched_sequences_keep_their_own_states() {
                 start: 0,
                 base: 64 * slot,
                 slot,
+                snapshot: None,
             }],
         )
     };
@@ -347,18 +414,21 @@ fn batched_sequences_keep_their_own_states() {
                 start: 0,
                 base: 0,
                 slot: 0,
+                snapshot: None,
             },
             Part {
                 tokens: b,
                 start: 0,
                 base: 64,
                 slot: 1,
+                snapshot: None,
             },
             Part {
                 tokens: c,
                 start: 0,
                 base: 192,
                 slot: 3,
+                snapshot: None,
             },
         ],
     );
@@ -382,18 +452,21 @@ fn batched_sequences_keep_their_own_states() {
                 start: 9,
                 base: 0,
                 slot: 0,
+                snapshot: None,
             },
             Part {
                 tokens: &[12],
                 start: 1,
                 base: 64,
                 slot: 1,
+                snapshot: None,
             },
             Part {
                 tokens: &[13],
                 start: 12,
                 base: 192,
                 slot: 3,
+                snapshot: None,
             },
         ],
     );
@@ -407,6 +480,7 @@ fn batched_sequences_keep_their_own_states() {
                 start: 0,
                 base: 64 * slot,
                 slot,
+                snapshot: None,
             }],
         );
         step(
@@ -417,6 +491,7 @@ fn batched_sequences_keep_their_own_states() {
                 start: tokens.len(),
                 base: 64 * slot,
                 slot,
+                snapshot: None,
             }],
         )
     };
@@ -466,6 +541,7 @@ fn mtp_blocks_load_and_leave_the_trunk_alone() {
                 start: 0,
                 base: 0,
                 slot: 0,
+                snapshot: None,
             }],
         )
     };

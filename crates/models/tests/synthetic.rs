@@ -141,6 +141,7 @@ fn prompt_batch(seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> StepBatch {
                 mask_swa: None,
             }],
             tiled_prompt: false,
+            state_snapshot: None,
         });
     }
     b.output_rows = (0..b.tokens.len() as i32).collect();
@@ -292,6 +293,7 @@ fn decode_step(
                 mask_swa: None,
             }],
             tiled_prompt: false,
+            state_snapshot: None,
         });
     }
     b.output_rows = (0..rows.len() as i32).collect();

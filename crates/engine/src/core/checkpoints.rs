@@ -16,6 +16,12 @@
 //!   prompt of a family recomputes from there once and checkpoints the junction;
 //!   later ones hit it);
 //! - the prompt's last such boundary (the next turn of an agent continues there).
+//!   The piece does not stop there: the step whose piece computes it writes the
+//!   state as it was at that row into the checkpoint's slot as well
+//!   ([`EngineCore::reserve_state_snapshots`]; the delta rule keeps the states of a
+//!   chunk's last rows). A stop would cost a step, and on a mixture-of-experts model
+//!   a step of a few dozen rows reads nearly every expert (on the H200, the 64-row
+//!   step after a 448-row piece of a 512-token prompt took half as long again).
 //!
 //! A prompt waiting for a shared prefix that a running prompt is computing adds its
 //! junction to that prompt's positions and waits for it
@@ -35,7 +41,18 @@ use tempo9_models::GroupKind;
 
 use super::{EngineCore, Live};
 use crate::partial_page::ROW_GROUP;
+use crate::request::RequestId;
 use crate::scheduler::Work;
+
+/// A checkpoint taken inside a step: request `id`'s state `back` rows before the
+/// end of its piece goes to state slot `slot`, the checkpoint of page hash `hash`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Snapshot {
+    pub id: RequestId,
+    pub slot: u32,
+    pub back: usize,
+    pub hash: u64,
+}
 
 impl EngineCore {
     /// The recurrent group's index in the KV store.
@@ -61,6 +78,9 @@ impl EngineCore {
         let last = self.last_target(s);
         let start = s.n_computed;
         let every = self.config.state_checkpoint_tokens;
+        s.tail_target = (last > start).then_some(last);
+        // Stops; `last` only to keep interval positions away from it (it is taken
+        // inside its step, see `reserve_state_snapshots`).
         let mut t: Vec<usize> = vec![last];
         // The junction only where it spares a prompt parting there a quarter interval
         // of recompute: an agent's next turn parts from its own history a page or
@@ -78,7 +98,7 @@ impl EngineCore {
             let interval: Vec<usize> = (1..=n).map(|i| i * every).filter(|&p| !near(p)).collect();
             t.extend(interval);
         }
-        t.retain(|&p| p > start && p > 0);
+        t.retain(|&p| p > start && p > 0 && p != last);
         t.sort_unstable();
         t.dedup();
         s.state_targets = t;
@@ -140,8 +160,47 @@ impl EngineCore {
             let common = r.shared_prompt(&w.tokens[..usable]);
             r.state_targets
                 .iter()
+                .chain(&r.tail_target)
                 .any(|&t| t > r.n_computed && t >= cached + ps && t <= common)
         })
+    }
+
+    /// Before a step: for each request whose piece computes its prompt's last
+    /// checkpoint position, takes the checkpoint's slot, for the step to write the
+    /// state as it was at that row (a snapshot). Evicted checkpoints go to the SSD
+    /// tier first: the step overwrites their slots.
+    pub(super) fn reserve_state_snapshots(&mut self, work: &[Work]) -> Vec<Snapshot> {
+        if self.recurrent_group().is_none() {
+            return Vec::new();
+        }
+        let mut snaps = Vec::new();
+        for w in work {
+            let i = self.running_index(w.id).expect("planned requests run");
+            let s = &mut self.running[i];
+            let Some(p) = s.tail_target.filter(|&p| w.start < p && p <= w.end) else {
+                continue;
+            };
+            s.tail_target = None;
+            let Some((copy, hash)) = self.cache.take_checkpoint(s.id, &s.tokens[..p]) else {
+                continue;
+            };
+            tracing::debug!(id = s.id, at = p, "state checkpoint taken in step");
+            snaps.push(Snapshot {
+                id: s.id,
+                slot: copy.to,
+                back: w.end - p,
+                hash,
+            });
+        }
+        // A slot taken here may have evicted one taken earlier in this loop: that
+        // checkpoint is gone (its slot is the later one's) and was never written.
+        let r = self.cache.recurrent();
+        let (kept, lost): (Vec<Snapshot>, Vec<Snapshot>) = snaps
+            .into_iter()
+            .partition(|x| r.is_some_and(|r| r.checkpoint(x.hash) == Some(x.slot)));
+        let lost: Vec<u64> = lost.iter().map(|x| x.hash).collect();
+        self.ssd_save_evicted_states(&lost);
+        kept
     }
 
     /// After a step: checkpoints the states of the requests whose piece ended at one
@@ -177,8 +236,15 @@ impl EngineCore {
             tracing::debug!(id = s.id, at = w.end, answer, "state checkpoint taken");
             copies.push((copy, hash));
         }
+        // A checkpoint taken here and evicted by a later one in this loop was never
+        // written: not to the SSD tier, no copy (its slot is the later one's).
+        let r = self.cache.recurrent();
+        let (copies, lost): (Vec<_>, Vec<_>) = copies
+            .into_iter()
+            .partition(|(c, hash)| r.is_some_and(|r| r.checkpoint(*hash) == Some(c.to)));
+        let lost: Vec<u64> = lost.iter().map(|(_, hash)| *hash).collect();
         // Evicted checkpoints go to the SSD tier before their slots are written.
-        self.ssd_save_evicted_states();
+        self.ssd_save_evicted_states(&lost);
         for (c, hash) in copies {
             if let Err(e) = self.kv.copy_cells(g, c.from as usize, c.to as usize, 1) {
                 tracing::warn!(error = %e, "state checkpoint copy failed; dropped");

@@ -392,6 +392,10 @@ struct Live {
     /// With a recurrent group: prompt positions (page boundaries, ascending) where
     /// a step ends and the state is checkpointed (see [`checkpoints`]).
     state_targets: Vec<usize>,
+    /// With a recurrent group: the prompt's last checkpoint position, taken inside
+    /// the step whose piece computes it (a state snapshot: the piece goes on to the
+    /// prompt's end instead of stopping there).
+    tail_target: Option<usize>,
     /// With a recurrent group: the page hash of the checkpoint its answer last took
     /// (replaced as the answer fills pages).
     answer_checkpoint: Option<u64>,
@@ -770,6 +774,7 @@ impl EngineCore {
             admitted_before: false,
             exact_cells: 0,
             state_targets: Vec::new(),
+            tail_target: None,
             answer_checkpoint: None,
         };
         if r.max_tokens == 0 {
@@ -819,11 +824,15 @@ impl EngineCore {
             return Ok(true);
         }
         let planned = started.elapsed();
-        let batch = self.assemble(work);
+        let snapshots = self.reserve_state_snapshots(work);
+        let batch = self.assemble(work, &snapshots);
         let t0 = std::time::Instant::now();
         let mut out = match self.forward(work, &batch) {
             Ok(l) => l,
             Err(e) => {
+                for s in &snapshots {
+                    self.cache.drop_checkpoint(s.hash);
+                }
                 let msg = e.to_string();
                 tracing::error!(error = %msg, "model step failed");
                 for w in work {

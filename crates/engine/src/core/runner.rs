@@ -3,8 +3,11 @@
 //! pass (with constraint masks computed meanwhile), then committing the KV to the
 //! prefix cache and sampling.
 
-use tempo9_models::{CellRun, KvView, MaskBuilder, ModelError, SeqSpan, StepBatch, StepOutput};
+use tempo9_models::{
+    CellRun, KvView, MaskBuilder, ModelError, SeqSpan, StateSnapshot, StepBatch, StepOutput,
+};
 
+use super::checkpoints::Snapshot;
 use super::output::{sample_one, take_token};
 use super::{EngineCore, Live};
 use crate::pages::PageId;
@@ -99,7 +102,7 @@ impl EngineCore {
     /// then prompt chunks. Each sequence gets a view of every cache group: the full
     /// group's from position 0, the sliding group's from the first page its first
     /// row sees.
-    pub(super) fn assemble(&mut self, work: &[Work]) -> StepBatch {
+    pub(super) fn assemble(&mut self, work: &[Work], snapshots: &[Snapshot]) -> StepBatch {
         let ps = self.cache.page_size();
         let hp = self.model.hparams();
         // Sliding layers kept in the full group (`swa_full`, or one group) need the
@@ -180,6 +183,13 @@ impl EngineCore {
                 n_rows,
                 views,
                 tiled_prompt: s.n_prompt >= CHUNK_ALIGN && w.start < s.n_prompt,
+                state_snapshot: snapshots
+                    .iter()
+                    .find(|x| x.id == w.id)
+                    .map(|x| StateSnapshot {
+                        slot: x.slot,
+                        back: x.back,
+                    }),
             });
         }
         if b.output_rows.is_empty() {

@@ -190,7 +190,7 @@ impl EngineCore {
 
     /// Copies the recurrent state checkpoints evicted from RAM since the last call
     /// to the SSD tier (before their slots are written again).
-    pub(super) fn ssd_save_evicted_states(&mut self) {
+    pub(super) fn ssd_save_evicted_states(&mut self, unwritten: &[u64]) {
         let g = self.recurrent_group();
         let (Some(ssd), Some(g)) = (self.ssd.as_mut(), g) else {
             return;
@@ -199,7 +199,8 @@ impl EngineCore {
             return;
         };
         for e in r.take_evicted() {
-            if ssd.contains_state(e.hash) {
+            // (`unwritten`: checkpoints taken for this step and evicted before it ran)
+            if ssd.contains_state(e.hash) || unwritten.contains(&e.hash) {
                 continue;
             }
             match self.kv.read_cells(g, e.slot as usize, 1) {

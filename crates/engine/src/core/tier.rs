@@ -213,7 +213,7 @@ impl EngineCore {
     /// Copies the KV of pages the pool evicted since the last call to the SSD tier
     /// (before any model step can overwrite them), with their sliding windows.
     pub(super) fn ssd_save_evicted(&mut self) {
-        self.ssd_save_evicted_states();
+        self.ssd_save_evicted_states(&[]);
         let Some(ssd) = self.ssd.as_mut() else {
             return;
         };
