@@ -122,7 +122,7 @@ impl EngineCore {
     /// back to waiting (failed entries are forgotten by the tier or here).
     pub(super) fn finish_state_load(&mut self, l: Loading, r: LoadResult, state: Option<u64>) {
         let ps = self.cache.page_size();
-        let mut s = l.live;
+        let s = l.live;
         let g = self.recurrent_group().expect("a hybrid load");
         let pages_ok = r.n_ok() == l.hashes.len();
         let state_data = match state {
@@ -167,25 +167,10 @@ impl EngineCore {
             if let (Some(h), true) = (state, pages_ok) {
                 ssd.forget_state(h);
             }
-            tracing::debug!(id = s.id, "SSD resume failed; back to waiting");
-            self.cache.free(s.id).expect("loading requests hold pages");
-            s.n_computed = 0;
-            if l.first_admission {
-                s.usage.cached_tokens = 0;
-            }
-            self.waiting.push(s);
+            self.requeue_failed_load(s, l.first_admission);
             return;
         }
-        let n_ok = l.hashes.len();
-        s.n_computed += n_ok * ps;
-        self.cache
-            .commit(s.id, &s.tokens[..s.n_computed.min(s.n_prompt)])
-            .expect("cells were appended");
-        ssd.add_hit_tokens(n_ok);
-        if l.first_admission {
-            s.usage.cached_tokens += n_ok * ps;
-        }
-        self.running.push(s);
+        self.resume_after_load(s, l.hashes.len(), l.first_admission);
     }
 
     /// Copies the recurrent state checkpoints evicted from RAM since the last call

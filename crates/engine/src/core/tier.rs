@@ -172,7 +172,7 @@ impl EngineCore {
             let Some(ssd) = self.ssd.as_mut() else {
                 return;
             };
-            let mut s = l.live;
+            let s = l.live;
             let table = self
                 .cache
                 .page_table(s.id)
@@ -193,21 +193,47 @@ impl EngineCore {
                     ssd.forget(l.hashes[k]);
                 }
             }
-            s.n_computed += n_ok * ps;
             if n_ok < l.hashes.len() {
                 self.cache
-                    .truncate(s.id, s.n_computed)
+                    .truncate(s.id, s.n_computed + n_ok * ps)
                     .expect("loading requests hold pages");
             }
-            self.cache
-                .commit(s.id, &s.tokens[..s.n_computed])
-                .expect("cells were appended");
-            ssd.add_hit_tokens(n_ok);
-            if l.first_admission {
-                s.usage.cached_tokens += n_ok * ps;
-            }
-            self.running.push(s);
+            self.resume_after_load(s, n_ok, l.first_admission);
         }
+    }
+
+    /// A load that leaves nothing to resume from: the request gives its pages back
+    /// and waits to be admitted again on what is cached now.
+    pub(super) fn requeue_failed_load(&mut self, mut s: Live, first_admission: bool) {
+        tracing::debug!(id = s.id, "SSD resume failed; back to waiting");
+        self.cache.free(s.id).expect("loading requests hold pages");
+        s.n_computed = 0;
+        if first_admission {
+            s.usage.cached_tokens = 0;
+        }
+        self.waiting.push(s);
+    }
+
+    /// A load that restored the request's next `n_pages` pages: they count as
+    /// computed and cached (a hybrid model registers its prompt's pages only), and
+    /// the request runs.
+    pub(super) fn resume_after_load(&mut self, mut s: Live, n_pages: usize, first_admission: bool) {
+        let ps = self.cache.page_size();
+        s.n_computed += n_pages * ps;
+        let end = match self.cache.recurrent() {
+            Some(_) => s.n_computed.min(s.n_prompt),
+            None => s.n_computed,
+        };
+        self.cache
+            .commit(s.id, &s.tokens[..end])
+            .expect("cells were appended");
+        if let Some(ssd) = self.ssd.as_mut() {
+            ssd.add_hit_tokens(n_pages);
+        }
+        if first_admission {
+            s.usage.cached_tokens += n_pages * ps;
+        }
+        self.running.push(s);
     }
 
     /// Copies the KV of pages the pool evicted since the last call to the SSD tier

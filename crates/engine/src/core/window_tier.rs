@@ -143,7 +143,7 @@ impl EngineCore {
     ) {
         let ps = self.cache.page_size();
         let g = self.sliding_group().expect("a sliding-window load");
-        let mut s = l.live;
+        let s = l.live;
         // An entry that did not come back, or could not be written: forgotten, so the
         // next admission does not try it again.
         let mut bad_pages: Vec<u64> = r
@@ -191,25 +191,10 @@ impl EngineCore {
         }
         if !ok {
             // Nothing to resume from here: admit it again on what is cached now.
-            tracing::debug!(id = s.id, "SSD resume failed; back to waiting");
-            self.cache.free(s.id).expect("loading requests hold pages");
-            s.n_computed = 0;
-            if l.first_admission {
-                s.usage.cached_tokens = 0;
-            }
-            self.waiting.push(s);
+            self.requeue_failed_load(s, l.first_admission);
             return;
         }
-        let n = l.hashes.len();
-        s.n_computed += n * ps;
-        self.cache
-            .commit(s.id, &s.tokens[..s.n_computed])
-            .expect("cells were appended");
-        ssd.add_hit_tokens(n);
-        if l.first_admission {
-            s.usage.cached_tokens += n * ps;
-        }
-        self.running.push(s);
+        self.resume_after_load(s, l.hashes.len(), l.first_admission);
     }
 
     /// Copies to the SSD tier the sidecars that left RAM since the last call: those
