@@ -66,7 +66,9 @@ pub struct ModelArgs {
     #[arg(long, value_name = "TOKENS")]
     pub ctx: Option<usize>,
     /// KV cache memory for all requests together, e.g. `2G`, `512M` (default: a
-    /// quarter of system memory). On the CPU it is committed only as tokens arrive.
+    /// quarter of system memory; on a GPU at most its free memory after the weights,
+    /// less 1 GiB or 1/16 of it for compute buffers). On the CPU it is committed only
+    /// as tokens arrive; on a GPU it is allocated at start.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub kv_budget: Option<usize>,
     /// Tokens per KV page (16, 32, 64, 128 or 256); the prefix cache shares whole pages.

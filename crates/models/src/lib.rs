@@ -172,6 +172,11 @@ impl Model {
         self.device
     }
 
+    /// (free, total) bytes of the model's device memory; `None` on the CPU.
+    pub fn device_memory(&self) -> Option<(usize, usize)> {
+        (self.device.kind() != DeviceKind::Cpu).then(|| self.device.memory())
+    }
+
     /// Which layers the device holds (all of them unless partially offloaded).
     pub fn offload(&self) -> Offload {
         self.offload

@@ -53,8 +53,10 @@ pub struct EngineConfig {
     /// CPU threads for compute.
     pub threads: usize,
     /// Bytes of KV memory for all requests together; `None` = a quarter of the
-    /// system's memory. On the CPU, host memory is committed only as pages are first
-    /// written, so the budget is a ceiling, not a start-up cost.
+    /// system's memory, and on a GPU no more than its free memory after the weights
+    /// less a reserve for compute buffers ([`gpu_kv_budget`]). On the CPU, host memory
+    /// is committed only as pages are first written, so the budget is a ceiling, not a
+    /// start-up cost; on a GPU it is allocated at start.
     pub kv_budget_bytes: Option<usize>,
     /// Tokens per KV page (64, 128 or 256): the prefix cache shares whole pages.
     pub page_tokens: usize,
@@ -216,8 +218,37 @@ fn split_state_budget(
     (rest - n * slot_bytes, fixed + n)
 }
 
+/// The default KV budget on `model`'s device: a quarter of the machine's memory,
+/// and on a GPU at most what [`gpu_kv_budget`] leaves.
+fn default_kv_budget(model: &Model) -> usize {
+    let host = host_kv_budget();
+    let Some((free, total)) = model.device_memory() else {
+        return host;
+    };
+    let budget = gpu_kv_budget(host, free, total);
+    if budget < host {
+        tracing::info!(
+            free_mib = free >> 20,
+            kv_mib = budget >> 20,
+            "KV budget limited by free device memory (--kv-budget sets it)"
+        );
+    }
+    budget
+}
+
+/// A GPU's default KV budget: `host` (a quarter of the machine's memory) or, if less,
+/// the device's `free` memory (weights already loaded) less a reserve for the
+/// compute buffers, which grow at run time with the largest step (~0.7 GiB for
+/// 2048-token steps of Qwen3.5-35B-A3B): 1 GiB or 1/16 of the device, the larger.
+/// A quarter of host memory alone could ask a 24 GB card holding a 15 GB model for
+/// 16 GB of KV and fail at start.
+pub(crate) fn gpu_kv_budget(host: usize, free: usize, total: usize) -> usize {
+    let reserve = (1usize << 30).max(total / 16);
+    host.min(free.saturating_sub(reserve))
+}
+
 /// A quarter of the machine's memory (4 GiB when it cannot be read).
-fn default_kv_budget() -> usize {
+fn host_kv_budget() -> usize {
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
@@ -545,7 +576,9 @@ impl EngineCore {
                 "state checkpoint interval {every} is not a multiple of the page size {ps}"
             )));
         }
-        let budget = config.kv_budget_bytes.unwrap_or_else(default_kv_budget);
+        let budget = config
+            .kv_budget_bytes
+            .unwrap_or_else(|| default_kv_budget(&model));
         let live_bytes = slot_bytes.map_or(0, |b| config.max_running * b);
         let page_budget = budget.checked_sub(live_bytes).ok_or_else(|| {
             EngineError::Config(format!(
@@ -562,7 +595,7 @@ impl EngineCore {
         let (n_pages, n_sliding) = split_budget(page_budget, page_bytes, sliding, &config);
         if n_pages * ps < KV_WINDOW_PAD {
             return Err(EngineError::Config(format!(
-                "KV budget of {budget} bytes holds {n_pages} pages of {ps} tokens; need at least {KV_WINDOW_PAD} tokens"
+                "KV budget of {budget} bytes holds {n_pages} pages of {ps} tokens; need at least {KV_WINDOW_PAD} tokens (--kv-budget; a GPU's default is limited by its free memory)"
             )));
         }
         let max_context = config.max_context.unwrap_or(hp.n_ctx_train).max(2);
@@ -1009,5 +1042,27 @@ impl EngineCore {
             self.end(s, FinishReason::ContextFull);
         }
         plan.work
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_kv_budget;
+
+    const GIB: usize = 1 << 30;
+
+    #[test]
+    fn a_gpu_budget_is_the_host_quarter_or_what_the_device_has_left() {
+        // H200 after a 15 GB model: the host quarter (32 GiB) fits.
+        assert_eq!(gpu_kv_budget(32 * GIB, 127 * GIB, 143 * GIB), 32 * GIB);
+        // A 24 GiB card with 8.5 GiB left: 1.5 GiB (1/16) stays for compute buffers.
+        assert_eq!(
+            gpu_kv_budget(16 * GIB, 17 * GIB / 2, 24 * GIB),
+            17 * GIB / 2 - 3 * GIB / 2
+        );
+        // A small device keeps at least 1 GiB.
+        assert_eq!(gpu_kv_budget(8 * GIB, 3 * GIB, 8 * GIB), 2 * GIB);
+        // Nothing left: zero, which the pool then refuses with its own message.
+        assert_eq!(gpu_kv_budget(8 * GIB, GIB / 2, 8 * GIB), 0);
     }
 }
