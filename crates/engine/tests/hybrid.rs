@@ -133,9 +133,11 @@ fn state_slots_are_counted_freed_and_preemption_recomputes() {
     eprintln!("{preempted} preemptions, all outputs identical to alone; {st:?}");
 }
 
-/// A budget below the running requests' states is a configuration error.
+/// A budget below two running requests' states is a configuration error; one that
+/// holds a few runs fewer requests at once (their states take at most half of it),
+/// with the same outputs.
 #[test]
-fn a_budget_below_the_states_is_refused() {
+fn a_small_budget_runs_fewer_requests_and_one_below_the_states_is_refused() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some((model, tok)) = qwen35() else { return };
     let config = EngineConfig {
@@ -143,9 +145,31 @@ fn a_budget_below_the_states_is_refused() {
         max_running: 8,
         ..EngineConfig::default()
     };
-    let err = EngineCore::new(model, tok, config)
+    let err = EngineCore::new(model.clone(), tok.clone(), config)
         .err()
         .expect("refused")
         .to_string();
     assert!(err.contains("recurrent states"), "{err}");
+
+    let st = core(&model, &tok, 64 << 20, 8).stats();
+    let (slot, page) = (st.state_slot_bytes, st.page_bytes);
+    let budget = 6 * slot + 16 * page;
+    let fit = budget / 2 / slot;
+    assert!(
+        fit < 8,
+        "premise: the budget holds fewer than 8 live states ({fit})"
+    );
+    let mut small = core(&model, &tok, budget, 8);
+    assert_eq!(small.config().max_running, fit);
+    let ps = prompts();
+    let out = run_batch(
+        &mut small,
+        ps.iter().map(|p| greedy(p.clone(), 16)).collect(),
+    );
+    for (i, (o, p)) in out.iter().zip(&ps).enumerate() {
+        let mut c = core(&model, &tok, 64 << 20, 8);
+        let alone = run_batch(&mut c, vec![greedy(p.clone(), 16)]).remove(0);
+        assert_eq!(o.tokens, alone.tokens, "prompt {i} differs from alone");
+    }
+    assert_eq!(small.stats().recurrent.live, 0);
 }

@@ -533,7 +533,7 @@ impl EngineCore {
     pub fn new(
         model: Arc<Model>,
         tok: Arc<Tokenizer>,
-        config: EngineConfig,
+        mut config: EngineConfig,
     ) -> Result<EngineCore, EngineError> {
         let hp = model.hparams();
         let ps = config.page_tokens;
@@ -579,13 +579,28 @@ impl EngineCore {
         let budget = config
             .kv_budget_bytes
             .unwrap_or_else(|| default_kv_budget(&model));
+        // Each running request of a hybrid model holds a state slot. Where the budget
+        // is small (a GPU's free memory), fewer requests run at once rather than the
+        // engine failing to start: live states take at most half of the budget.
+        if let Some(b) = slot_bytes {
+            let fit = budget / 2 / b;
+            if fit == 0 {
+                return Err(EngineError::Config(format!(
+                    "KV budget of {budget} bytes cannot hold two recurrent states of {b} bytes (--kv-budget)"
+                )));
+            }
+            if fit < config.max_running {
+                tracing::warn!(
+                    max_running = fit,
+                    asked = config.max_running,
+                    state_mib = b >> 20,
+                    "fewer requests run at once: their recurrent states would take over half the KV budget (--kv-budget, --max-running)"
+                );
+                config.max_running = fit;
+            }
+        }
         let live_bytes = slot_bytes.map_or(0, |b| config.max_running * b);
-        let page_budget = budget.checked_sub(live_bytes).ok_or_else(|| {
-            EngineError::Config(format!(
-                "KV budget of {budget} bytes is below the recurrent states of {} running requests ({live_bytes} bytes)",
-                config.max_running
-            ))
-        })?;
+        let page_budget = budget - live_bytes;
         let (page_budget, n_checkpoints) = match slot_bytes {
             Some(b) => split_state_budget(page_budget, page_bytes, b, &config),
             None => (page_budget, 0),
