@@ -94,6 +94,9 @@ rm -rf "$root/.gpu-carry"
 mkdir -p "$root/.gpu-carry"
 cp "$bin/tempo9" "$root/.gpu-carry/"
 strip "$root/.gpu-carry/tempo9"
+# Packed (13 MB -> ~4): the carry limit is 64 MiB with .gpu-cache and .llama-server;
+# run-h200.sh unpacks it.
+xz -T0 -6 "$root/.gpu-carry/tempo9"
 for l in libggml-base.so.0 libggml.so.0 libggml-cpu.so.0; do
     cp -L "$bin/$l" "$root/.gpu-carry/"
 done
@@ -108,4 +111,5 @@ else
     echo "no $voc/ggml-vocab-qwen35.gguf (scripts/fetch-models.sh vocab): run-h200.sh qwen and hybridbench need it" >&2
 fi
 du -sh "$root/.ggml-src" "$root/.gpu-carry" "$root"/.llama-src "$root"/.llama-server 2>/dev/null || true
-"$root/.gpu-carry/tempo9" --version
+xz -dc "$root/.gpu-carry/tempo9.xz" >"$root/.gpu-carry/.tempo9-check" && chmod +x "$root/.gpu-carry/.tempo9-check" \
+    && "$root/.gpu-carry/.tempo9-check" --version; rm -f "$root/.gpu-carry/.tempo9-check"

@@ -83,6 +83,10 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/tempo9-gpu-out}
 work=${WORK:-/dev/shm/tempo9-gpu}
 T="$root/.gpu-carry/tempo9"
+# prepare.sh packs the binary (tempo9.xz); unpacked next to the ggml libraries it loads.
+if [ ! -x "$T" ] && [ -f "$T.xz" ]; then
+    xz -dc "$T.xz" >"$T" && chmod +x "$T"
+fi
 mkdir -p "$out" "$work"
 steps=${*:-build synth parity bench streams}
 # .llama-src.tar.xz (prepare.sh): the same source packed, ~2.5 MB instead of ~17, so that
