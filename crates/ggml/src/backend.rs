@@ -786,6 +786,26 @@ impl Scheduler {
         }
     }
 
+    /// Frees the compute buffers and the input arena (the next [`Scheduler::alloc`]
+    /// allocates them again, at the size its graph needs): for an idle engine, whose
+    /// buffers were sized by its largest step (a long prompt's masks at depth).
+    /// Graphs allocated before must not be computed after this.
+    pub fn release_buffers(&mut self) -> Result<(), GgmlError> {
+        let ptr = Self::create(&self.backends, self.capacity)?;
+        // SAFETY: we own the old scheduler; the caller computes no graph it allocated.
+        unsafe { sys::ggml_backend_sched_free(self.ptr.as_ptr()) };
+        self.ptr = ptr;
+        self.inputs.buf = None;
+        let dump = self.debug_dump;
+        self.set_debug_dump(dump);
+        Ok(())
+    }
+
+    /// Bytes of the input arena (host memory for graph inputs; see `InputArena`).
+    pub fn input_bytes(&self) -> usize {
+        self.inputs.buf.as_ref().map_or(0, |b| b.size())
+    }
+
     /// Total bytes of the scheduler's compute buffers.
     pub fn compute_buffer_bytes(&self) -> usize {
         self.backends

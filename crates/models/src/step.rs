@@ -174,6 +174,22 @@ impl Executor {
     pub fn compute_bytes(&self) -> usize {
         self.sched.compute_buffer_bytes()
     }
+
+    /// Bytes of step memory held: compute buffers plus the input arena.
+    pub fn held_bytes(&self) -> usize {
+        self.sched.compute_buffer_bytes() + self.sched.input_bytes()
+    }
+
+    /// Drops the kept graph and frees the compute buffers and input memory, which a
+    /// long prompt's steps grew (its masks span every cell it attends to: 31 MB for a
+    /// 512-token chunk at a 30K-token depth); the next step builds and allocates at
+    /// its own size. For an engine gone idle on the CPU, where these buffers are the
+    /// host memory it keeps beyond the KV cache.
+    pub fn release_buffers(&mut self) -> Result<(), ModelError> {
+        self.kept = None;
+        self.sched.release_buffers()?;
+        Ok(())
+    }
 }
 
 /// Graph size limit: per-sequence attention makes graphs grow with the number of

@@ -247,6 +247,10 @@ pub(crate) fn gpu_kv_budget(host: usize, free: usize, total: usize) -> usize {
     host.min(free.saturating_sub(reserve))
 }
 
+/// Step buffers an idle engine on the CPU keeps (see
+/// `EngineCore::release_step_buffers`): a decode step's and a short prompt's.
+const IDLE_KEEP_STEP_BYTES: usize = 8 << 20;
+
 /// A quarter of the machine's memory (4 GiB when it cannot be read).
 fn host_kv_budget() -> usize {
     let total = std::fs::read_to_string("/proc/meminfo")
@@ -935,8 +939,25 @@ impl EngineCore {
             self.mask_buffers.give_back(batch);
         } else {
             self.mask_buffers = MaskBuffers::default();
+            self.release_step_buffers();
         }
         Ok(true)
+    }
+
+    /// On the CPU, an engine gone idle frees the step buffers its largest steps grew
+    /// ([`Executor::release_buffers`]) when they hold more than
+    /// [`IDLE_KEEP_STEP_BYTES`]: a long prompt's masks at depth would otherwise stay
+    /// resident beside the KV cache until the process ends (Gemma 3 after a 30K-token
+    /// prompt: ~31 MB of input arena). The next step allocates again (a few ms on the
+    /// CPU); on a GPU the buffers stay, where allocating them again costs more and
+    /// they are device memory.
+    fn release_step_buffers(&mut self) {
+        if self.exec.held_bytes() <= IDLE_KEEP_STEP_BYTES || self.model.device_memory().is_some() {
+            return;
+        }
+        if let Err(e) = self.exec.release_buffers() {
+            tracing::warn!(error = %e, "releasing idle step buffers failed");
+        }
     }
 
     /// Recent compute cost per prompt token in microseconds (1 ms until measured),
