@@ -1,0 +1,183 @@
+//! The tier's files on disk: entry paths, and the index a persistent tier writes on
+//! shutdown and reads at start.
+
+use super::*;
+
+impl SsdTier {
+    #[cfg(test)]
+    pub(super) fn page_path(&self, hash: u64) -> PathBuf {
+        entry_path(&self.dir, (Kind::Page, hash))
+    }
+
+    #[cfg(test)]
+    pub(super) fn state_path(&self, hash: u64) -> PathBuf {
+        entry_path(&self.dir, (Kind::State, hash))
+    }
+
+    #[cfg(test)]
+    pub(super) fn window_path(&self, hash: u64) -> PathBuf {
+        entry_path(&self.dir, (Kind::Window, hash))
+    }
+
+    pub(super) fn remove_entry_files(&self) {
+        if let Ok(rd) = fs::read_dir(&self.dir) {
+            for e in rd.flatten() {
+                let p = e.path();
+                let exts = [Kind::Page, Kind::State, Kind::Window].map(Kind::ext);
+                if p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)) {
+                    let _ = fs::remove_file(p);
+                }
+            }
+        }
+    }
+
+    /// Index file: magic, model id, page tokens, page bytes, state bytes, window
+    /// bytes, entry count, entries, then a checksum of everything before it. An entry
+    /// is its kind (one byte: 0 page, 1 checkpoint, 2 window) and hash, and for a
+    /// page its parent hash, salt and tokens. Entries are in LRU order, least
+    /// recently used first.
+    pub(super) fn write_index(&self) -> std::io::Result<()> {
+        let mut b = Vec::new();
+        b.extend_from_slice(INDEX_MAGIC);
+        for x in [
+            self.model_id,
+            self.page_tokens as u64,
+            self.page_bytes as u64,
+            self.state_bytes as u64,
+            self.window_bytes as u64,
+        ] {
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+        let on_disk: Vec<&Entry> = self
+            .lru
+            .values()
+            .filter_map(|k| self.index.get(k))
+            .filter(|e| matches!(e.stage, Stage::OnDisk))
+            .collect();
+        b.extend_from_slice(&(on_disk.len() as u64).to_le_bytes());
+        for e in on_disk {
+            let h = &e.header;
+            b.push(h.kind.tag());
+            b.extend_from_slice(&h.hash.to_le_bytes());
+            if h.kind == Kind::Page {
+                for x in [h.parent_hash, h.salt] {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+                for t in h.tokens.iter() {
+                    b.extend_from_slice(&t.to_le_bytes());
+                }
+            }
+        }
+        let sum = checksum(0, &b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        let tmp = self.dir.join("index.tmp");
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(&b)?;
+        f.sync_all()?;
+        fs::rename(tmp, self.dir.join(INDEX_FILE))
+    }
+
+    /// Reads the index [`SsdTier::write_index`] left. With a smaller budget than
+    /// last time, keeps the most recently used entries that fit and removes the
+    /// others' files.
+    pub(super) fn load_index(&mut self) -> Result<(), String> {
+        let b = match fs::read(self.dir.join(INDEX_FILE)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("no index".into()),
+            Err(e) => return Err(e.to_string()),
+        };
+        const HEAD: usize = 56;
+        if b.len() < HEAD + 8 || &b[..8] != INDEX_MAGIC {
+            return Err(format!("index of {} bytes is not a Tempo9 index", b.len()));
+        }
+        let (body, sum) = b.split_at(b.len() - 8);
+        if checksum(0, body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+            return Err("index checksum mismatch (truncated or corrupt)".into());
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+        let (id, pt, pb, sb) = (u64_at(8), u64_at(16), u64_at(24), u64_at(32));
+        let (wb, n) = (u64_at(40), u64_at(48));
+        if id != self.model_id
+            || pt as usize != self.page_tokens
+            || pb as usize != self.page_bytes
+            || sb as usize != self.state_bytes
+            || wb as usize != self.window_bytes
+        {
+            return Err("index of another model or KV layout".into());
+        }
+        let page_entry = 1 + 24 + 4 * self.page_tokens;
+        // A checkpoint or window: its kind and hash.
+        let keyed_entry = 1 + 8;
+        let mut headers = Vec::new();
+        let mut at = HEAD;
+        for _ in 0..n {
+            let kind = body
+                .get(at)
+                .and_then(|&t| Kind::from_tag(t))
+                .ok_or("index entry of unknown kind")?;
+            let len = match kind {
+                Kind::Page => page_entry,
+                Kind::State | Kind::Window => keyed_entry,
+            };
+            if at + len > body.len() {
+                return Err("index shorter than its entry count".into());
+            }
+            let hash = u64_at(at + 1);
+            headers.push(match kind {
+                Kind::Page => Header {
+                    kind,
+                    model_id: self.model_id,
+                    hash,
+                    parent_hash: u64_at(at + 9),
+                    salt: u64_at(at + 17),
+                    tokens: body[at + 25..at + len]
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                        .collect(),
+                    payload_len: self.page_bytes as u64,
+                },
+                Kind::State => Header::keyed(kind, self.model_id, hash, self.state_bytes as u64),
+                Kind::Window => Header::keyed(kind, self.model_id, hash, self.window_bytes as u64),
+            });
+            at += len;
+        }
+        if at != body.len() {
+            return Err("index longer than its entry count".into());
+        }
+        // Most recently used first, so a smaller budget keeps those.
+        let mut keep = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut used = 0u64;
+        for header in headers.into_iter().rev() {
+            if !seen.insert(header.key()) {
+                continue;
+            }
+            let file_bytes = header.file_bytes();
+            if used + file_bytes > self.cfg.budget_bytes {
+                let _ = fs::remove_file(entry_path(&self.dir, header.key()));
+                continue;
+            }
+            used += file_bytes;
+            keep.push(header);
+        }
+        for header in keep.into_iter().rev() {
+            let key = header.key();
+            let file_bytes = header.file_bytes();
+            self.tick += 1;
+            self.lru.insert(self.tick, key);
+            self.held[key.0.i()] += 1;
+            self.held_bytes[key.0.i()] += file_bytes;
+            self.index.insert(
+                key,
+                Entry {
+                    header,
+                    stage: Stage::OnDisk,
+                    tick: self.tick,
+                    gen: 0,
+                    file_bytes,
+                },
+            );
+        }
+        Ok(())
+    }
+}
