@@ -625,6 +625,21 @@ impl PagePool {
             .unwrap_or_default()
     }
 
+    /// Whether evicted pages wait in the log (their KV not yet copied out).
+    pub fn has_pending_evictions(&self) -> bool {
+        self.store
+            .evicted_log
+            .as_ref()
+            .is_some_and(|l| !l.is_empty())
+    }
+
+    /// The free pages (holding nothing anyone can look up), sorted.
+    pub fn free_pages(&self) -> Vec<PageId> {
+        let mut f = self.store.free.clone();
+        f.sort_unstable();
+        f
+    }
+
     /// Every registered whole page (in use or cached) with its full cache key, parents
     /// before children (partial entries are left out); used to write the RAM cache to
     /// a persistent tier on shutdown.

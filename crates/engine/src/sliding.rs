@@ -168,6 +168,18 @@ impl SlidingPages {
         self.evicted = on.then(Vec::new);
     }
 
+    /// Whether evicted sidecars wait in the log (their KV not yet copied out).
+    pub fn has_pending_evictions(&self) -> bool {
+        self.evicted.as_ref().is_some_and(|l| !l.is_empty())
+    }
+
+    /// The free pages (neither in use nor cached as a sidecar), sorted.
+    pub fn free_pages(&self) -> Vec<PageId> {
+        let mut f = self.free.clone();
+        f.sort_unstable();
+        f
+    }
+
     /// The sidecars evicted since the last call (to copy to a second tier before
     /// the next model step writes their pages).
     pub fn take_evicted(&mut self) -> Vec<EvictedWindow> {

@@ -355,14 +355,42 @@ impl BufferType {
 pub trait HostBytes: Send + Sync {
     /// The bytes; must stay at the same address for the object's life.
     fn host_bytes(&self) -> &[u8];
+
+    /// Returns the whole OS pages within `offset..offset + len` to the OS, which
+    /// then read as zeros again; false where the memory cannot (the default).
+    fn discard(&self, _offset: usize, _len: usize) -> bool {
+        false
+    }
 }
 
 /// An anonymous memory map owned by a [`Buffer`] that ggml writes into.
 struct AnonMap(memmap2::MmapMut);
 
+/// OS page size assumed for [`HostBytes::discard`] (a larger real page only makes
+/// the kernel round further).
+const OS_PAGE: usize = 4096;
+
 impl HostBytes for AnonMap {
     fn host_bytes(&self) -> &[u8] {
         &self.0
+    }
+
+    fn discard(&self, offset: usize, len: usize) -> bool {
+        let end = offset.saturating_add(len).min(self.0.len());
+        let start = offset.next_multiple_of(OS_PAGE);
+        let end = end - end % OS_PAGE;
+        if start >= end {
+            return true;
+        }
+        // SAFETY: MADV_DONTNEED on a private anonymous mapping drops the pages; the
+        // next access reads zeros, as on a fresh map. Rust holds no reference into
+        // these bytes (only ggml reads them, through the buffer), and the caller
+        // discards only memory no computation is using.
+        unsafe {
+            self.0
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                .is_ok()
+        }
     }
 }
 
@@ -428,6 +456,25 @@ impl Buffer {
 
     fn raw(&self) -> sys::ggml_backend_buffer_t {
         self.ptr.as_ptr()
+    }
+
+    /// Returns bytes `offset..offset + len` of `t`'s data to the OS when `t` lives in
+    /// this buffer and the buffer is [`Buffer::zeroed_host`] memory: they read as
+    /// zeros again and are committed when next written (whole OS pages only). For
+    /// an idle engine's free KV pages. False when `t` is not in this buffer or the
+    /// memory cannot be discarded. Nothing may be computing on those bytes.
+    pub fn discard_tensor_bytes(&self, t: Tensor<'_>, offset: usize, len: usize) -> bool {
+        let Some(owner) = &self._owner else {
+            return false;
+        };
+        let base = owner.host_bytes().as_ptr() as usize;
+        let size = owner.host_bytes().len();
+        // SAFETY: live tensor; reading its data pointer only.
+        let data = unsafe { (*t.raw()).data } as usize;
+        if data < base || data + t.nbytes() > base + size || offset + len > t.nbytes() {
+            return false;
+        }
+        owner.discard(data - base + offset, len)
     }
 
     /// Size in bytes.

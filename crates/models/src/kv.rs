@@ -230,6 +230,27 @@ impl KvStore {
         Ok(())
     }
 
+    /// Returns the host memory of cells `start..start + n` of `group` to the OS in
+    /// every layer of the group (whole OS pages; they read as zeros again, as
+    /// unwritten cells do): the cells of free pages of an idle engine on the CPU,
+    /// which a long prompt touched and nothing holds now. A no-op on a device.
+    pub fn discard_cells(&self, group: usize, start: usize, n: usize) {
+        assert!(
+            start + n <= self.cells[group],
+            "cells {start}+{n} out of range of group {group}"
+        );
+        for &il in &self.groups[group].layers {
+            for t in [self.k(il), self.v(il)] {
+                let row = t.nb()[1];
+                for b in self.store.buffers() {
+                    if b.discard_tensor_bytes(t, start * row, n * row) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
     /// Copies cells `from..from + n` of `group` over cells `to..to + n`, in every
     /// layer of the group (a recurrent state checkpoint taken or restored).
     pub fn copy_cells(

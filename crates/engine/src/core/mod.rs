@@ -958,6 +958,48 @@ impl EngineCore {
         if let Err(e) = self.exec.release_buffers() {
             tracing::warn!(error = %e, "releasing idle step buffers failed");
         }
+        self.discard_free_kv();
+    }
+
+    /// Returns the host memory of free KV pages to the OS (they read as zeros again,
+    /// as unwritten cells do). Host KV memory is committed page by page as tokens
+    /// are first written, but a page freed stays committed: after a long prompt
+    /// whose sliding-window pages were recycled, or cached pages evicted, an idle
+    /// engine would keep memory nothing holds (Gemma 3 after a 30K-token prompt:
+    /// ~25 free sliding pages, 23 MB). Not while evicted pages wait to be copied to
+    /// the SSD tier (their cells still hold their KV).
+    fn discard_free_kv(&mut self) {
+        let ps = self.cache.page_size();
+        if self.cache.full().has_pending_evictions()
+            || self
+                .cache
+                .sliding()
+                .is_some_and(|s| s.has_pending_evictions())
+        {
+            return;
+        }
+        let mut per_group = vec![(0, self.cache.full().free_pages())];
+        if let Some(s) = self.cache.sliding() {
+            let g = self
+                .kv
+                .groups()
+                .iter()
+                .position(|g| matches!(g.kind, GroupKind::Sliding { .. }));
+            per_group.extend(g.map(|g| (g, s.free_pages())));
+        }
+        for (g, free) in per_group {
+            // Runs of consecutive free pages, one discard each.
+            let mut i = 0;
+            while i < free.len() {
+                let mut j = i + 1;
+                while j < free.len() && free[j] == free[j - 1] + 1 {
+                    j += 1;
+                }
+                self.kv
+                    .discard_cells(g, free[i] as usize * ps, (j - i) * ps);
+                i = j;
+            }
+        }
     }
 
     /// Recent compute cost per prompt token in microseconds (1 ms until measured),
