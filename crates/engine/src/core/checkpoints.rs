@@ -192,13 +192,25 @@ impl EngineCore {
                 hash,
             });
         }
-        // A slot taken here may have evicted one taken earlier in this loop: that
-        // checkpoint is gone (its slot is the later one's) and was never written.
+        self.keep_taken_checkpoints(snaps, |x| (x.hash, x.slot))
+    }
+
+    /// Of checkpoints just taken (each `key`: its page hash and slot), those still
+    /// in their slot. A slot taken later in the same pass may have evicted one taken
+    /// earlier: that checkpoint is gone (its slot is the later one's) and was never
+    /// written, so it is neither saved nor copied. Other evicted checkpoints go to
+    /// the SSD tier before their slots are written.
+    fn keep_taken_checkpoints<T>(
+        &mut self,
+        taken: Vec<T>,
+        key: impl Fn(&T) -> (u64, u32),
+    ) -> Vec<T> {
         let r = self.cache.recurrent();
-        let (kept, lost): (Vec<Snapshot>, Vec<Snapshot>) = snaps
-            .into_iter()
-            .partition(|x| r.is_some_and(|r| r.checkpoint(x.hash) == Some(x.slot)));
-        let lost: Vec<u64> = lost.iter().map(|x| x.hash).collect();
+        let (kept, lost): (Vec<T>, Vec<T>) = taken.into_iter().partition(|x| {
+            let (hash, slot) = key(x);
+            r.is_some_and(|r| r.checkpoint(hash) == Some(slot))
+        });
+        let lost: Vec<u64> = lost.iter().map(|x| key(x).0).collect();
         self.ssd_save_evicted_states(&lost);
         kept
     }
@@ -236,15 +248,7 @@ impl EngineCore {
             tracing::debug!(id = s.id, at = w.end, answer, "state checkpoint taken");
             copies.push((copy, hash));
         }
-        // A checkpoint taken here and evicted by a later one in this loop was never
-        // written: not to the SSD tier, no copy (its slot is the later one's).
-        let r = self.cache.recurrent();
-        let (copies, lost): (Vec<_>, Vec<_>) = copies
-            .into_iter()
-            .partition(|(c, hash)| r.is_some_and(|r| r.checkpoint(*hash) == Some(c.to)));
-        let lost: Vec<u64> = lost.iter().map(|(_, hash)| *hash).collect();
-        // Evicted checkpoints go to the SSD tier before their slots are written.
-        self.ssd_save_evicted_states(&lost);
+        let copies = self.keep_taken_checkpoints(copies, |(c, hash)| (*hash, c.to));
         for (c, hash) in copies {
             if let Err(e) = self.kv.copy_cells(g, c.from as usize, c.to as usize, 1) {
                 tracing::warn!(error = %e, "state checkpoint copy failed; dropped");
