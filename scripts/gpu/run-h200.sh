@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 pdlprobe hybridbench hybridbench1 hybridbench2 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 pdlprobe pdlbisect hybridbench hybridbench1 hybridbench2 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -62,6 +62,9 @@
 #   pdlprobe  the 0.5B Qwen2 shape's GPU-vs-CPU greedy check with PDL off, on, and on
 #           without CUDA graphs; with .llama-src, llama.cpp's own CUDA tokens with PDL
 #           on and off against its CPU run (pdl-compare.jsonl, raw in pdl-raw.tar.gz)
+#   pdlbisect  ggml-cuda rebuilt with PDL limitable by op (scripts/gpu/pdl-ops.py; carry
+#           .ggml-src), then the 0.5B Qwen2 shape's GPU-vs-CPU check with PDL on for one op
+#           at a time and for all ops but one (pdlbisect.jsonl)
 #   hybridbench1, hybridbench2  the benchmark suite on the hybrid Qwen3.5-35B-A3B shape (40
 #           layers, Q3_K, MTP block; written by synth-gguf like `qwenbig`'s file but with the
 #           qwen35 vocabulary and the Qwen3.5 chat template carried in .gpu-carry/vocab, so
@@ -573,6 +576,31 @@ if has pdlprobe; then
         done
     fi
     tar -C "$work" -czf "$out/pdl-raw.tar.gz" pdl-raw
+fi
+
+if has pdlbisect; then
+    say pdlbisect
+    # Which op's kernels give wrong numbers with PDL under CUDA graphs: ggml-cuda built
+    # from .ggml-src patched by pdl-ops.py (PDL limited by op through GGML_CUDA_PDL_OPS /
+    # GGML_CUDA_PDL_NOT_OPS), then the 0.5B Qwen2 shape's GPU-vs-CPU greedy check with PDL
+    # on for one op at a time, and on for all ops but one.
+    lib="$work/pdl-lib"; mkdir -p "$lib"
+    python3 "$root/scripts/gpu/pdl-ops.py" "$root/.ggml-src" >>"$out/run.log" &&
+        GGML_CUDA_BUILD_DIR=/tmp/ggml-pdl-build bash "$root/scripts/gpu/build-cuda.sh" "$lib" >"$work/pdl-build.log" 2>&1 ||
+        { tail -30 "$work/pdl-build.log"; exit 1; }
+    tail -1 "$work/pdl-build.log"
+    m="$work/qwen2-0.5b-q4_k.gguf"
+    [ -f "$m" ] || $T synth-gguf --arch qwen2 --preset 0.5b --quant q4_k --out "$m" 2>>"$out/run.log"
+    probe() {
+        env TEMPO9_BACKEND_DIR="$lib" "$@" $T check-device --gguf "$m" --device cuda --prompts ${PDL_PROMPTS:-4} \
+            --tokens ${PDL_TOKENS:-16} 2>>"$out/run.log" | sed "s/^{/{\"variant\":\"$*\",/" | tee -a "$out/pdlbisect.jsonl"
+    }
+    probe GGML_CUDA_PDL=0
+    probe GGML_CUDA_PDL=1
+    for op in ${PDL_BISECT_OPS:-GET_ROWS RMS_NORM MUL MUL_MAT ADD ROPE SET_ROWS FLASH_ATTN_EXT GLU}; do
+        probe GGML_CUDA_PDL=1 GGML_CUDA_PDL_OPS=$op
+        probe GGML_CUDA_PDL=1 GGML_CUDA_PDL_NOT_OPS=$op
+    done
 fi
 
 if has hybridbench || has hybridbench1 || has hybridbench2; then
