@@ -7,7 +7,8 @@
 # graphs on (decode replays one graph per step shape), flash-attention kernels for
 # F16 K/V only (GGML_CUDA_FA_ALL_QUANTS off), no NCCL, no CPU backend (the binary
 # brings its own). The libggml-base built here is NOT used: the process already
-# has the carried one (same source), and the backend shares it by soname.
+# has the carried one (same source), and the backend shares it by soname. The source
+# is patched first by pdl-ops.py (PDL limitable by op, off unless asked for).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dest=${1:-$root/.gpu-carry}
@@ -16,6 +17,9 @@ arch=${CUDA_ARCH:-90-real}
 t0=$(date +%s)
 src="$root/.ggml-src"
 [ -d "$src" ] || src="$root/.llama-src/ggml"
+# PDL limitable by op (see pdl-ops.py); without its env vars the library behaves as
+# unpatched, so llama.cpp's tools run on it unchanged.
+python3 "$root/scripts/gpu/pdl-ops.py" "$src"
 cmake -S "$src" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON \
     -DGGML_NATIVE=OFF -DGGML_CPU=OFF -DGGML_CUDA=ON -DGGML_CUDA_GRAPHS=ON \

@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Diagnostic patch of a ggml source tree (scripts/gpu/run-h200.sh `pdlbisect`).
+"""Patch of ggml's CUDA backend source, applied by build-cuda.sh: PDL limitable by op.
 
 ggml-cuda launches every kernel it can with programmatic dependent launch (PDL) when
-GGML_CUDA_PDL is on. To find which graph op's kernels give Tempo9 wrong numbers with
-PDL under CUDA graphs (crates/cli/src/device.rs), this patch lets PDL be limited by op:
+GGML_CUDA_PDL is on (its default on Hopper). Under CUDA graphs, Tempo9's decode graph
+gets wrong numbers from PDL, and only from the flash-attention kernels (found by the
+`pdlbisect` step of run-h200.sh on the H200, 2026-12-03: PDL for FLASH_ATTN_EXT alone
+wrong, PDL for every op but it right). This patch lets PDL be limited by op:
 
   GGML_CUDA_PDL_OPS=MUL_MAT,ADD   PDL only for kernels launched while computing these ops
   GGML_CUDA_PDL_NOT_OPS=ROPE      PDL for every op but these
 
-(op names as ggml_op_name prints them; a fused kernel counts as its first node's op).
-The library stays otherwise unchanged. Usage: pdl-ops.py GGML_SRC_DIR
+(op names as ggml_op_name prints them; a fused kernel counts as its first node's op),
+and reports the feature PDL_OPS=1 through ggml_backend_get_features, so that Tempo9
+turns PDL on (but for flash attention) only with a library that honours the filter.
+Unset, the library behaves as unpatched (llama.cpp runs on it unchanged).
+Idempotent. Usage: pdl-ops.py GGML_SRC_DIR
 """
 import sys
 from pathlib import Path
@@ -18,6 +23,9 @@ root = Path(sys.argv[1]) / "src" / "ggml-cuda"
 
 common = root / "common.cuh"
 text = common.read_text()
+if "ggml_cuda_pdl_op_allowed" in text:
+    print("already patched", root)
+    sys.exit(0)
 anchor = "template<typename Kernel, typename... Args>\nstatic __inline__ void ggml_cuda_kernel_launch("
 assert anchor in text, "ggml_cuda_kernel_launch not found"
 helper = r'''
@@ -60,5 +68,8 @@ text = main.read_text()
 old = "                prev_i = i;\n"
 assert text.count(old) == 1, "evaluate loop anchor"
 text = text.replace(old, old + "                ggml_cuda_pdl_cur_op = node->op;\n", 1)
+old = '        features.push_back({ "USE_GRAPHS", "1" });\n    #endif\n'
+assert text.count(old) == 1, "features anchor"
+text = text.replace(old, old + '\n        features.push_back({ "PDL_OPS", "1" });\n', 1)
 main.write_text(text)
 print("patched", root)

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 pdlprobe pdlbisect hybridbench hybridbench1 hybridbench2 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -62,6 +62,8 @@
 #   pdlprobe  the 0.5B Qwen2 shape's GPU-vs-CPU greedy check with PDL off, on, and on
 #           without CUDA graphs; with .llama-src, llama.cpp's own CUDA tokens with PDL
 #           on and off against its CPU run (pdl-compare.jsonl, raw in pdl-raw.tar.gz)
+#   pdlfa   Tempo9's PDL default (on but for flash attention) against PDL off: greedy
+#           check on the 135M/0.5B shapes and 8B decode speed (after build and synth)
 #   pdlbisect  ggml-cuda rebuilt with PDL limitable by op (scripts/gpu/pdl-ops.py; carry
 #           .ggml-src), then the 0.5B Qwen2 shape's GPU-vs-CPU check with PDL on for one op
 #           at a time and for all ops but one (pdlbisect.jsonl)
@@ -576,6 +578,26 @@ if has pdlprobe; then
         done
     fi
     tar -C "$work" -czf "$out/pdl-raw.tar.gz" pdl-raw
+fi
+
+if has pdlfa; then
+    say pdlfa
+    # Tempo9's PDL default (on but for flash attention, with a library that can limit
+    # PDL by op: build-cuda.sh patches it so) against PDL off: greedy tokens against the
+    # CPU (check-device, alone and batched) on the 135M Llama and 0.5B Qwen2 shapes,
+    # then the 8B shape's decode speed, the two alternated (3 repetitions each).
+    for m in llama-135m-q4_k qwen2-0.5b-q4_k; do
+        for v in "TEMPO9_DEFAULT=1" "GGML_CUDA_PDL=0"; do
+            env $v $T check-device --gguf "$work/$m.gguf" --device cuda --prompts 8 --tokens 32 \
+                2>>"$out/run.log" | sed "s/^{/{\"variant\":\"$v\",/" | tee -a "$out/pdlfa.jsonl"
+        done
+    done
+    for r in 1 2 3; do
+        for v in "TEMPO9_DEFAULT=1" "GGML_CUDA_PDL=0"; do
+            env $v $T bench --gguf "$work/llama-8b-q4_k.gguf" --device cuda --pp 0 --tg 128 --reps 1 \
+                2>>"$out/run.log" | sed "s/^{/{\"variant\":\"$v\",\"rep\":$r,/" | tee -a "$out/pdlfa.jsonl"
+        done
+    done
 fi
 
 if has pdlbisect; then

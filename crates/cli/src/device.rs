@@ -56,17 +56,36 @@ fn cuda_devices(dir: Option<&PathBuf>) -> &'static Result<Vec<Device>, String> {
         if !path.exists() {
             return Err(format!("{} not found", path.display()));
         }
-        // ggml-cuda launches kernels with programmatic dependent launch on Hopper by
-        // default; replayed as CUDA graphs, that gave wrong numbers on an H200
-        // (single-sequence Qwen2 decode: log-probabilities off by up to 0.96 nats
-        // and greedy tokens changed at wide margins; PDL off: all differences from
-        // the CPU at near-ties, 0.09 nats at most), for ~9% less decode speed.
-        // Off unless the user chose. Set before the library starts any kernel, while
-        // no other thread reads the environment.
-        if std::env::var_os("GGML_CUDA_PDL").is_none() {
-            std::env::set_var("GGML_CUDA_PDL", "0");
-        }
         let devs = load_backend(&path).map_err(|e| e.to_string())?;
+        // ggml-cuda launches kernels with programmatic dependent launch (PDL) on
+        // Hopper by default; replayed as CUDA graphs, that gave wrong numbers on an
+        // H200 (single-sequence Qwen2 decode: log-probabilities off by up to 0.96
+        // nats, greedy tokens changed at wide margins; PDL off: all differences from
+        // the CPU at near-ties, 0.09 nats at most), and only through the
+        // flash-attention kernels (PDL for them alone: wrong; for every op but
+        // them: as without PDL; scripts/gpu/run-h200.sh `pdlbisect`). A library
+        // built by scripts/gpu/build-cuda.sh can limit PDL by op (feature
+        // PDL_OPS): PDL then stays on but for flash attention; another library runs
+        // without PDL (~9% less decode speed). Unless the user chose. Set before the
+        // library starts any kernel, while no other thread reads the environment.
+        if std::env::var_os("GGML_CUDA_PDL").is_none() {
+            let op_filter = devs.iter().any(|d| {
+                d.backend_features()
+                    .iter()
+                    .any(|(n, v)| n == "PDL_OPS" && v == "1")
+            });
+            if op_filter {
+                std::env::set_var("GGML_CUDA_PDL", "1");
+                let chosen = ["GGML_CUDA_PDL_OPS", "GGML_CUDA_PDL_NOT_OPS"]
+                    .iter()
+                    .any(|v| std::env::var_os(v).is_some());
+                if !chosen {
+                    std::env::set_var("GGML_CUDA_PDL_NOT_OPS", "FLASH_ATTN_EXT");
+                }
+            } else {
+                std::env::set_var("GGML_CUDA_PDL", "0");
+            }
+        }
         tracing::info!(lib = %path.display(), devices = ?devs, "loaded ggml backend");
         Ok(devs)
     })

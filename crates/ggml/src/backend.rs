@@ -169,6 +169,38 @@ impl Device {
         }
     }
 
+    /// The features its backend library reports (`ggml_backend_get_features`: build
+    /// options such as `USE_GRAPHS`), as name/value pairs; empty if it reports none.
+    pub fn backend_features(&self) -> Vec<(String, String)> {
+        let f = self.proc_address("ggml_backend_get_features");
+        if f.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the registry documents this signature for the name.
+        let f: sys::ggml_backend_get_features_t = unsafe { std::mem::transmute(f) };
+        let mut out = Vec::new();
+        // SAFETY: returns a static array terminated by a null name; a live registry.
+        unsafe {
+            let reg = sys::ggml_backend_dev_backend_reg(self.raw());
+            let Some(f) = f else {
+                return out;
+            };
+            let mut p = f(reg);
+            while !p.is_null() && !(*p).name.is_null() {
+                let s = |c: *const std::os::raw::c_char| {
+                    if c.is_null() {
+                        String::new()
+                    } else {
+                        std::ffi::CStr::from_ptr(c).to_string_lossy().into_owned()
+                    }
+                };
+                out.push((s((*p).name), s((*p).value)));
+                p = p.add(1);
+            }
+        }
+        out
+    }
+
     /// Extra buffer types the device offers for weights (on the CPU: repacked layouts
     /// that make quantized matmuls faster). Empty if none.
     pub fn extra_buffer_types(&self) -> Vec<BufferType> {
