@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -59,6 +59,7 @@
 #   ncu35d  kernel time of decode steps on the hybrid file, Tempo9 and llama-bench (Nsight
 #           Compute; NCU_SKIP / NCU_COUNT launches)
 #   batched35  1/8/32/64 streams on the hybrid file, Tempo9 and llama-batched-bench
+#   batched30  the same on the Qwen3-30B-A3B shape (Q4_K, written with synth-gguf)
 #   pdlprobe  the 0.5B Qwen2 shape's GPU-vs-CPU greedy check with PDL off, on, and on
 #           without CUDA graphs; with .llama-src, llama.cpp's own CUDA tokens with PDL
 #           on and off against its CPU run (pdl-compare.jsonl, raw in pdl-raw.tar.gz)
@@ -134,7 +135,7 @@ if has build; then
     fi
 fi
 
-if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has ncu35d || has batched35; } && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has ncu35d || has batched35 || has batched30; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -547,6 +548,21 @@ if has batched35; then
         LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$hf" -c 40960 \
             -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64 -fa 1 --output-format jsonl 2>>"$out/run.log" \
             | grep '^{' | tee -a "$out/llama-batched.jsonl"
+    fi
+fi
+
+if has batched30; then
+    say batched30
+    # The Qwen3-30B-A3B shape (Q4_K, synthetic) batched like batched35: Tempo9 at
+    # 1/8/32/64 streams (128-token prompts, 128 generated) against llama-batched-bench.
+    m30="$work/qwen3moe-30b-a3b-q4_k.gguf"
+    [ -f "$m30" ] || $T synth-gguf --preset qwen3-30b-a3b --quant q4_k --unique-mib 4 --out "$m30" 2>>"$out/run.log"
+    $T bench --gguf "$m30" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
+        | sed 's/^{/{"model":"qwen3moe-30b-a3b-q4_k",/' | tee -a "$out/results30.jsonl"
+    if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
+        LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$m30" -c 40960 \
+            -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64 -fa 1 --output-format jsonl 2>>"$out/run.log" \
+            | grep '^{' | tee -a "$out/llama-batched30.jsonl"
     fi
 fi
 

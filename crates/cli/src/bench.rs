@@ -5,7 +5,7 @@ use clap::Args;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-use tempo9_engine::{EngineCore, Request};
+use tempo9_engine::{EngineCore, Event, Request, Usage};
 use tempo9_tokenizer::Tokenizer;
 
 use crate::ModelArgs;
@@ -37,6 +37,13 @@ pub struct BenchArgs {
     /// alone: the prefix-hit scenario (cold vs warm time to first token).
     #[arg(long, value_name = "N", default_value_t = 0)]
     shared_prefix: usize,
+    /// Generate --tg tokens after this file's text (tokenized as is, special-token
+    /// text parsed: include the chat template's markers for a chat prompt) instead of
+    /// after one random token; tg's tok/s then counts the tokens after the first over
+    /// the time after it (decode alone), and the output adds the drafts verified and
+    /// accepted (see --speculation-k).
+    #[arg(long, value_name = "PATH")]
+    tg_prompt_file: Option<std::path::PathBuf>,
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
@@ -54,6 +61,31 @@ fn run_all(engine: &mut EngineCore, reqs: Vec<Request>) -> Result<()> {
     engine.run_until_idle()?;
     drop(streams);
     Ok(())
+}
+
+/// Decode speed of `req` alone: the tokens after its first over the time after the
+/// first arrived, and its usage.
+fn decode_rate(engine: &mut EngineCore, req: Request) -> Result<(f64, Usage)> {
+    let mut stream = engine.submit(req)?;
+    let (mut first, mut n, mut usage) = (None, 0usize, None);
+    loop {
+        let more = engine.step()?;
+        while let Some(ev) = stream.try_recv() {
+            match ev {
+                Event::Token(_) => {
+                    n += 1;
+                    first.get_or_insert_with(std::time::Instant::now);
+                }
+                Event::Finished(f) => usage = Some(f.usage),
+            }
+        }
+        if !more || usage.is_some() {
+            break;
+        }
+    }
+    let usage = usage.ok_or_else(|| anyhow::anyhow!("the request did not finish"))?;
+    let secs = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    Ok((n.saturating_sub(1) as f64 / secs.max(1e-9), usage))
 }
 
 /// Runs `tempo9 bench` and prints one JSON object.
@@ -93,7 +125,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     cfg.step_tokens = cfg.step_tokens.max(a.pp);
     let threads = cfg.threads;
-    let mut engine = EngineCore::new(model, tok, cfg)?;
+    let mut engine = EngineCore::new(model, tok.clone(), cfg)?;
     // Deterministic pseudo-random prompt tokens (like llama-bench's random batch);
     // never repeated, so the prefix cache does not help.
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -113,8 +145,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pp.push(a.pp as f64 / t0.elapsed().as_secs_f64());
     }
     let mut tg = Vec::new();
+    let mut drafts = Vec::new();
+    let tg_prompt = match &a.tg_prompt_file {
+        Some(p) => Some(tok.encode(&std::fs::read_to_string(p)?, true, true)),
+        None => None,
+    };
     let (s0, t_tg) = (tempo9_ggml::sched_stats(), std::time::Instant::now());
     for _ in 0..a.reps.max(1) * (a.tg > 0) as usize {
+        if let Some(p) = &tg_prompt {
+            let (rate, usage) = decode_rate(&mut engine, request(p.clone(), a.tg))?;
+            tg.push(rate);
+            drafts.push(
+                json!({"drafted": usage.draft_tokens, "accepted": usage.accepted_draft_tokens}),
+            );
+            continue;
+        }
         let t0 = std::time::Instant::now();
         // One prompt token, then tg-1 more single-token steps: tg steps of one token each.
         run_all(&mut engine, vec![request(vec![next()], a.tg)])?;
@@ -129,7 +174,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "tg_step_profile": tg_profile,
         "ggml_libs": crate::device::loaded_ggml_libs(),
         "pp": {"n_tokens": a.pp, "tok_s": pp},
-        "tg": {"n_tokens": a.tg, "tok_s": tg},
+        "tg": {"n_tokens": a.tg, "tok_s": tg, "drafts": drafts},
     });
     println!("{out}");
     Ok(())

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use tempo9_engine::{default_threads, EngineConfig, Policy, SsdConfig};
+use tempo9_engine::{default_threads, EngineConfig, Policy, SpecConfig, SpecMode, SsdConfig};
 use tempo9_ggml::DeviceKind;
 use tempo9_models::{LoadOptions, Model};
 
@@ -121,6 +121,21 @@ pub struct ModelArgs {
     /// Q5_0/Q8_0 weights); off, batching may reorder near-tied greedy choices.
     #[arg(long)]
     pub deterministic: bool,
+    /// Speculative decoding: draft up to N tokens per decoding request and step and
+    /// verify them in the step (0 = off). Greedy output is unchanged (bit for bit with
+    /// `--deterministic` on the CPU); sampled output keeps its distribution. Not for
+    /// hybrid models (Qwen3.5) yet. Requests may opt out (`"speculation": false`).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub speculation_k: usize,
+    /// Where drafts come from with `--speculation-k`: `ngram` (prompt lookup: the
+    /// tokens that followed the latest earlier occurrence of the context's last 2-4
+    /// tokens; no extra weights).
+    #[arg(long, value_name = "MODE", default_value = "ngram", value_parser = parse_spec_mode)]
+    pub speculation: SpecMode,
+    /// No request drafts while more than this many requests decode (a large batch
+    /// already keeps the device busy).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub speculation_max_batch: usize,
     /// Keep every token's K/V in sliding-window layers too (as llama.cpp's
     /// `--swa-full`). By default those layers (Gemma 3, GPT-OSS) hold only the pages
     /// their window sees, which for Gemma 3 cuts KV memory at long contexts by about
@@ -173,6 +188,10 @@ fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
     Policy::parse(s).ok_or_else(|| format!("unknown policy '{s}' (fcfs, priority, shortest)"))
+}
+
+fn parse_spec_mode(s: &str) -> std::result::Result<SpecMode, String> {
+    SpecMode::parse(s).ok_or_else(|| format!("unknown speculation mode `{s}` (known: ngram)"))
 }
 
 /// Default `--solo-step-tokens` on a GPU: a prompt prefilled alone in 2048-token
@@ -229,6 +248,11 @@ impl ModelArgs {
             window_checkpoint_tokens: self.swa_checkpoint,
             state_checkpoint_tokens: self.state_checkpoint,
             answer_state_checkpoints: self.answer_state_checkpoints,
+            speculation: (self.speculation_k > 0).then_some(SpecConfig {
+                mode: self.speculation,
+                k: self.speculation_k.min(tempo9_engine::spec::MAX_DRAFT),
+                max_batch: self.speculation_max_batch,
+            }),
             ..EngineConfig::default()
         })
     }

@@ -16,6 +16,7 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod sliding;
+pub mod spec;
 pub mod ssd;
 mod stop;
 mod stream;
@@ -31,5 +32,6 @@ pub use request::{
 pub use sampler::SamplingParams;
 pub use scheduler::Policy;
 pub use scheduler::{CHUNK_ALIGN, KV_WINDOW_PAD};
+pub use spec::{SpecConfig, SpecMode};
 pub use ssd::{SsdConfig, SsdEntryStats, SsdStats};
 pub use stream::RequestStream;

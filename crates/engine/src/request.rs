@@ -35,6 +35,9 @@ pub struct Request {
     /// do not depend on which other requests share its steps (at some speed cost
     /// for the steps it is in; see `EngineConfig::deterministic`).
     pub deterministic: bool,
+    /// Allow speculative decoding for this request when the engine has it on
+    /// ([`crate::EngineConfig::speculation`]); `false` opts out.
+    pub speculation: bool,
 }
 
 impl Request {
@@ -52,6 +55,7 @@ impl Request {
             priority: 0,
             constraint: None,
             deterministic: false,
+            speculation: true,
         }
     }
 }
@@ -170,6 +174,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Times the request was preempted (its KV dropped and recomputed later).
     pub preemptions: u32,
+    /// Draft tokens verified (speculative decoding; see [`crate::spec`]).
+    pub draft_tokens: usize,
+    /// Of those, tokens accepted (each saved a step of its own).
+    pub accepted_draft_tokens: usize,
 }
 
 /// A set of allowed token ids, one bit per token of the vocabulary.

@@ -116,6 +116,9 @@ pub(crate) struct Progress {
     pub n_computed: usize,
     /// Tokens known: the prompt and those generated so far.
     pub n_tokens: usize,
+    /// Draft tokens proposed after them for this step (speculative decoding): a
+    /// decoding request computes its last token and these, when memory allows.
+    pub n_draft: usize,
     /// A prompt position a step must end at (a recurrent-state checkpoint is taken
     /// there: its state exists only at the end of a step); `usize::MAX` for none.
     pub stop_at: usize,
@@ -175,6 +178,8 @@ fn next_piece(p: &Progress, budget: usize) -> usize {
             0 if budget >= CHUNK_ALIGN && remaining < 2 * CHUNK_ALIGN => remaining,
             n => n,
         }
+    } else if p.n_computed + 1 == p.n_tokens {
+        1 + p.n_draft
     } else {
         1
     }
@@ -217,6 +222,10 @@ pub(crate) fn plan(
                 let mut want = next_piece(&p, budget);
                 if want == 0 {
                     break;
+                }
+                if decode_pass && want > 1 && cache.room(p.id) < want {
+                    // Drafts never preempt: verify none rather than take others' pages.
+                    want = 1;
                 }
                 // Make room by preempting the lowest-ranked request not planned yet.
                 while cache.room(p.id) < want {
@@ -346,8 +355,34 @@ mod tests {
             n_prompt,
             n_computed,
             n_tokens,
+            n_draft: 0,
             stop_at: usize::MAX,
         }
+    }
+
+    #[test]
+    fn drafts_are_verified_where_pages_allow_and_never_preempt() {
+        // Request 1 decodes with 3 drafts, request 2 with 2 (after a preemption: it
+        // recomputes a generated token first, one per step, without its drafts).
+        let mut a = progress(1, 10, 12, 13);
+        a.n_draft = 3;
+        let mut b = progress(2, 10, 20, 22);
+        b.n_draft = 2;
+        let mut cache = cache_with(8, &[(1, 12), (2, 20)]);
+        let p = plan(&[a, b], Policy::Fcfs, 1e3, 512, false, &mut cache);
+        let got: Vec<_> = p.work.iter().map(|w| (w.id, w.start, w.end)).collect();
+        assert_eq!(got, [(1, 12, 16), (2, 20, 21)]);
+        // Two pages, both full but for request 1's last 4 cells: its drafts would
+        // need request 2's page, so it verifies none and nobody is preempted.
+        let mut a = progress(1, 60, 60, 61);
+        a.n_draft = 4;
+        let mut cache = cache_with(2, &[(1, 60), (2, 64)]);
+        let b = progress(2, 64, 64, 64);
+        let p = plan(&[a, b], Policy::Fcfs, 1e3, 512, false, &mut cache);
+        let got: Vec<_> = p.work.iter().map(|w| (w.id, w.start, w.end)).collect();
+        assert_eq!(got, [(1, 60, 61)]);
+        assert!(p.preempted.is_empty());
+        cache.check_invariants().unwrap();
     }
 
     /// A cache of `pages` pages of 64 tokens holding `seqs` (id, cached tokens).

@@ -393,6 +393,7 @@ pub async fn messages(
         logprobs: false,
         top_logprobs: 0,
         grammar: None,
+        no_speculation: crate::openai::boolean(&v, "speculation", F)? == Some(false),
     };
     let stream = v["stream"].as_bool().unwrap_or(false);
     let model = v["model"]
@@ -571,7 +572,7 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 64,
             completion_tokens: 5,
-            preemptions: 0,
+            ..Usage::default()
         };
         let j = usage_json(&u);
         assert_eq!(j["input_tokens"], 36);

@@ -42,6 +42,9 @@ pub struct GenParams {
     pub top_logprobs: usize,
     /// Constrain the output to this grammar (JSON mode, JSON schema).
     pub grammar: Option<tempo9_grammar::Grammar>,
+    /// The request opted out of speculative decoding (`"speculation": false`, a
+    /// Tempo9 extension; Ollama: in `options`).
+    pub no_speculation: bool,
 }
 
 /// Where the prompt comes from.
@@ -511,6 +514,7 @@ impl AppState {
         };
         req.logprobs = p.params.logprobs;
         req.top_logprobs = p.params.top_logprobs;
+        req.speculation = !p.params.no_speculation;
         if let Some(c) = p.constraint {
             req.constraint = Some(Box::new(c));
         }

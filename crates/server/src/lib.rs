@@ -537,6 +537,18 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
     );
     counter(
         &mut out,
+        "tempo9_engine_draft_tokens_total",
+        "Draft tokens verified by speculative decoding.",
+        s.draft_tokens_total,
+    );
+    counter(
+        &mut out,
+        "tempo9_engine_accepted_draft_tokens_total",
+        "Draft tokens accepted by speculative decoding.",
+        s.accepted_draft_tokens_total,
+    );
+    counter(
+        &mut out,
         "tempo9_preemptions_total",
         "Requests preempted.",
         s.preemptions_total,

@@ -317,7 +317,13 @@ pub fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        // Speculative decoding's drafts, under the names OpenAI gives predicted
+        // outputs' tokens.
+        "completion_tokens_details": {
+            "reasoning_tokens": reasoning_tokens,
+            "accepted_prediction_tokens": u.accepted_draft_tokens,
+            "rejected_prediction_tokens": u.draft_tokens - u.accepted_draft_tokens,
+        },
     })
 }
 
@@ -380,6 +386,7 @@ pub async fn chat_completions(
         logprobs: logprobs || top_logprobs > 0,
         top_logprobs,
         grammar,
+        no_speculation: boolean(&v, "speculation", F)? == Some(false),
     };
     let model = st.config.model_name.clone();
     let slot = st.slot(F)?;
@@ -591,6 +598,7 @@ pub async fn completions(
         logprobs: top.is_some(),
         top_logprobs: top.unwrap_or(0),
         grammar: response_format(&v, F)?,
+        no_speculation: boolean(&v, "speculation", F)? == Some(false),
     };
     let model = st.config.model_name.clone();
     let slot = st.slot(F)?;
@@ -791,10 +799,20 @@ mod tests {
             prompt_tokens: 10,
             cached_tokens: 4,
             completion_tokens: 3,
-            preemptions: 0,
+            draft_tokens: 5,
+            accepted_draft_tokens: 2,
+            ..Usage::default()
         };
         let j = usage_json(&u, 2);
         assert_eq!(j["total_tokens"], 13);
+        assert_eq!(
+            j["completion_tokens_details"]["accepted_prediction_tokens"],
+            2
+        );
+        assert_eq!(
+            j["completion_tokens_details"]["rejected_prediction_tokens"],
+            3
+        );
         assert_eq!(j["prompt_tokens_details"]["cached_tokens"], 4);
         assert_eq!(j["completion_tokens_details"]["reasoning_tokens"], 2);
     }

@@ -295,6 +295,7 @@ pub async fn create(
         logprobs: false,
         top_logprobs: 0,
         grammar,
+        no_speculation: boolean(&v, "speculation", F)? == Some(false),
     };
     let model = st.config.model_name.clone();
     let slot = st.slot(F)?;

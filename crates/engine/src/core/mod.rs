@@ -42,6 +42,7 @@ use crate::request::{
 use crate::sampler::Sampler;
 use crate::scheduler::{self, itl_budget, Policy, Progress, Rank, CHUNK_ALIGN, KV_WINDOW_PAD};
 use crate::sliding::{SlidingPages, SlidingStats};
+use crate::spec::{propose_ngram, Depth, SpecConfig, SpecMode, MAX_DRAFT};
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 use crate::stream::{RequestStream, Ticket};
@@ -123,6 +124,9 @@ pub struct EngineConfig {
     /// answer is recomputed once, as part of the next prompt, and checkpointed
     /// there exactly.
     pub answer_state_checkpoints: bool,
+    /// Speculative decoding (see [`crate::spec`]); `None`: off. Not for hybrid
+    /// models, whose recurrent state cannot yet be rolled back past rejected drafts.
+    pub speculation: Option<SpecConfig>,
 }
 
 impl Default for EngineConfig {
@@ -144,6 +148,7 @@ impl Default for EngineConfig {
             window_checkpoint_tokens: 8192,
             state_checkpoint_tokens: 2048,
             answer_state_checkpoints: false,
+            speculation: None,
         }
     }
 }
@@ -356,6 +361,10 @@ pub struct EngineStats {
     pub recurrent: RecurrentStats,
     /// Bytes of one recurrent state slot (every recurrent layer's states; 0 without one).
     pub state_slot_bytes: usize,
+    /// Draft tokens verified by speculative decoding.
+    pub draft_tokens_total: u64,
+    /// Of those, tokens accepted.
+    pub accepted_draft_tokens_total: u64,
 }
 
 /// Checks a request against the engine's fixed limits; shared by the core and the
@@ -434,6 +443,10 @@ struct Live {
     /// With a recurrent group: the page hash of the checkpoint its answer last took
     /// (replaced as the answer fills pages).
     answer_checkpoint: Option<u64>,
+    /// Speculative decoding's draft depth for it; `None`: it does not speculate.
+    spec: Option<Depth>,
+    /// Draft tokens proposed for this step (verified after it, then cleared).
+    draft: Vec<u32>,
 }
 
 impl Live {
@@ -468,6 +481,7 @@ impl Live {
             n_prompt: self.n_prompt,
             n_computed: self.n_computed,
             n_tokens: self.tokens.len(),
+            n_draft: self.draft.len(),
             stop_at: self
                 .state_targets
                 .iter()
@@ -828,6 +842,12 @@ impl EngineCore {
             state_targets: Vec::new(),
             tail_target: None,
             answer_checkpoint: None,
+            spec: self
+                .config
+                .speculation
+                .filter(|_| r.speculation && self.recurrent_group().is_none())
+                .map(|c| Depth::new(c.k.clamp(1, MAX_DRAFT))),
+            draft: Vec::new(),
         };
         if r.max_tokens == 0 {
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -865,6 +885,7 @@ impl EngineCore {
         }
         self.ssd_finish_loads(false);
         let only_prefix_waiters = self.admit();
+        self.propose_drafts();
         let work = self.schedule(only_prefix_waiters);
         let work = &work[..];
         self.ssd_save_evicted();
@@ -999,6 +1020,39 @@ impl EngineCore {
                     .discard_cells(g, free[i] as usize * ps, (j - i) * ps);
                 i = j;
             }
+        }
+    }
+
+    /// Speculative decoding: draft tokens for each decoding request that speculates
+    /// (see [`crate::spec`]), unless more requests decode than
+    /// [`SpecConfig::max_batch`]. Drafts stop before the request's token limit.
+    fn propose_drafts(&mut self) {
+        let Some(cfg) = self.config.speculation else {
+            return;
+        };
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.n_computed >= s.n_prompt && s.n_computed < s.tokens.len())
+            .count();
+        for s in &mut self.running {
+            s.draft.clear();
+            let Some(depth) = s.spec else {
+                continue;
+            };
+            // A plain decode step (not one recomputing tokens after a preemption).
+            if decoding > cfg.max_batch
+                || s.n_computed < s.n_prompt
+                || s.n_computed + 1 != s.tokens.len()
+            {
+                continue;
+            }
+            // The token this step samples, then at most the drafts that could follow.
+            let left = s.max_tokens.saturating_sub(s.usage.completion_tokens + 1);
+            let k = depth.now.min(left);
+            s.draft = match cfg.mode {
+                SpecMode::Ngram => propose_ngram(&s.tokens, k),
+            };
         }
     }
 

@@ -7,6 +7,8 @@ use tempo9_models::{
     CellRun, KvView, MaskBuilder, ModelError, SeqSpan, StateSnapshot, StepBatch, StepOutput,
 };
 
+use tempo9_tokenizer::Tokenizer;
+
 use super::checkpoints::Snapshot;
 use super::output::{sample_one, take_token};
 use super::{EngineCore, Live};
@@ -125,72 +127,86 @@ impl EngineCore {
                 .cache
                 .page_table(w.id)
                 .expect("running requests hold pages");
-            let row_start = b.tokens.len();
-            let n_rows = w.end - w.start;
-            let full = &table[..w.end.div_ceil(ps)];
-            let mut views = vec![view(
-                self.kv.n_cells(0),
-                ps,
-                full,
-                0,
-                (w.start, w.end),
-                (None, full_swa),
-                &mut self.mask_buffers,
-            )];
-            let state_slot = self.cache.state_slot(w.id);
-            if let Some(slot) = state_slot {
-                // The recurrent group: the sequence's state slot.
-                views.push(KvView {
-                    window: vec![CellRun {
-                        start: slot as usize,
-                        len: 1,
-                    }],
-                    mask: Vec::new(),
-                    mask_swa: None,
+            let n_known = s.tokens.len();
+            // A decode verifying drafts (see crate::spec): each row is a span of its
+            // own, attending over the window it would see decoded alone, so its
+            // numbers are exactly those of decoding it without drafts.
+            let pieces: Vec<(usize, usize)> = if w.end > n_known {
+                (w.start..w.end).map(|p| (p, p + 1)).collect()
+            } else {
+                vec![(w.start, w.end)]
+            };
+            for (start, end) in pieces {
+                let row_start = b.tokens.len();
+                let full = &table[..end.div_ceil(ps)];
+                let mut views = vec![view(
+                    self.kv.n_cells(0),
+                    ps,
+                    full,
+                    0,
+                    (start, end),
+                    (None, full_swa),
+                    &mut self.mask_buffers,
+                )];
+                let state_slot = self.cache.state_slot(w.id);
+                if let Some(slot) = state_slot {
+                    // The recurrent group: the sequence's state slot.
+                    views.push(KvView {
+                        window: vec![CellRun {
+                            start: slot as usize,
+                            len: 1,
+                        }],
+                        mask: Vec::new(),
+                        mask_swa: None,
+                    });
+                }
+                if let Some(window) = sliding {
+                    let g = self
+                        .cache
+                        .sliding_window(w.id, start, end)
+                        .expect("sliding group");
+                    views.push(view(
+                        self.kv.n_cells(1),
+                        ps,
+                        &g.pages,
+                        g.base,
+                        (start, end),
+                        (Some(window), None),
+                        &mut self.mask_buffers,
+                    ));
+                }
+                for pos in start..end {
+                    let r = pos - w.start;
+                    b.tokens.push(match s.tokens.get(pos) {
+                        Some(&t) => t,
+                        None => s.draft[pos - n_known],
+                    });
+                    b.positions.push(pos as i32);
+                    b.kv_slots[0].push(w.cells.full[r] as i64);
+                    if sliding.is_some() {
+                        b.kv_slots[1].push(w.cells.sliding[r] as i64);
+                    }
+                    if let Some(slot) = state_slot {
+                        b.kv_slots[1].push(slot as i64);
+                    }
+                }
+                // Logits of the last known token's row and of every draft's.
+                if end >= n_known {
+                    b.output_rows.push((b.tokens.len() - 1) as i32);
+                }
+                b.seqs.push(SeqSpan {
+                    row_start,
+                    n_rows: end - start,
+                    views,
+                    tiled_prompt: s.n_prompt >= CHUNK_ALIGN && start < s.n_prompt,
+                    state_snapshot: snapshots.iter().find(|x| x.id == w.id).map(|x| {
+                        StateSnapshot {
+                            slot: x.slot,
+                            back: x.back,
+                        }
+                    }),
                 });
             }
-            if let Some(window) = sliding {
-                let g = self
-                    .cache
-                    .sliding_window(w.id, w.start, w.end)
-                    .expect("sliding group");
-                views.push(view(
-                    self.kv.n_cells(1),
-                    ps,
-                    &g.pages,
-                    g.base,
-                    (w.start, w.end),
-                    (Some(window), None),
-                    &mut self.mask_buffers,
-                ));
-            }
-            for (r, pos) in (w.start..w.end).enumerate() {
-                b.tokens.push(s.tokens[pos]);
-                b.positions.push(pos as i32);
-                b.kv_slots[0].push(w.cells.full[r] as i64);
-                if sliding.is_some() {
-                    b.kv_slots[1].push(w.cells.sliding[r] as i64);
-                }
-                if let Some(slot) = state_slot {
-                    b.kv_slots[1].push(slot as i64);
-                }
-            }
-            if w.end == s.tokens.len() {
-                b.output_rows.push((b.tokens.len() - 1) as i32);
-            }
-            b.seqs.push(SeqSpan {
-                row_start,
-                n_rows,
-                views,
-                tiled_prompt: s.n_prompt >= CHUNK_ALIGN && w.start < s.n_prompt,
-                state_snapshot: snapshots
-                    .iter()
-                    .find(|x| x.id == w.id)
-                    .map(|x| StateSnapshot {
-                        slot: x.slot,
-                        back: x.back,
-                    }),
-            });
         }
         if b.output_rows.is_empty() {
             // Only partial prompt chunks: compute one row's logits and ignore them.
@@ -211,7 +227,7 @@ impl EngineCore {
             .iter()
             .filter(|w| {
                 self.running_index(w.id)
-                    .is_some_and(|i| w.end == self.running[i].tokens.len())
+                    .is_some_and(|i| w.end >= self.running[i].tokens.len())
             })
             .map(|w| w.id)
             .collect();
@@ -281,7 +297,31 @@ impl EngineCore {
         for w in work {
             let i = self.running_index(w.id).expect("planned requests run");
             let s = &mut self.running[i];
-            s.n_computed = w.end;
+            let drafted = w.end.saturating_sub(s.tokens.len());
+            let mut ended = None;
+            if drafted > 0 {
+                let v = verify(
+                    s,
+                    drafted,
+                    row,
+                    out,
+                    n_vocab,
+                    &self.tok,
+                    self.limits.max_context,
+                );
+                row += drafted + 1;
+                self.stats.generated_tokens_total += v.generated as u64;
+                self.stats.draft_tokens_total += drafted as u64;
+                self.stats.accepted_draft_tokens_total += v.accepted as u64;
+                // The KV of rows whose input was a rejected draft is dropped.
+                s.n_computed = w.start + v.valid_rows;
+                self.cache
+                    .truncate(s.id, s.n_computed)
+                    .expect("cells were appended");
+                ended = v.finish;
+            } else {
+                s.n_computed = w.end;
+            }
             // A hybrid model reuses a prefix only where its state was checkpointed:
             // without answer checkpoints, pages an answer filled would only shadow
             // the exactly computed twins of a later prompt that repeats the answer.
@@ -303,30 +343,32 @@ impl EngineCore {
                 // ROW_GROUP: the rows in whole blocks are exact (see partial_page).
                 s.exact_cells = partial_page::exact_cells(s.n_prompt);
             }
-            if w.end < s.tokens.len() {
-                continue;
-            }
-            let ended = match out {
-                StepOutput::Logits(logits) => {
-                    let l = &mut logits[row * n_vocab..(row + 1) * n_vocab];
-                    sample_one(s, l, &self.tok, self.limits.max_context)
+            if drafted == 0 {
+                if w.end < s.tokens.len() {
+                    continue;
                 }
-                StepOutput::Tokens(ids) => take_token(
-                    s,
-                    ids[row],
-                    None,
-                    Vec::new(),
-                    &self.tok,
-                    self.limits.max_context,
-                ),
-            };
-            row += 1;
+                ended = match out {
+                    StepOutput::Logits(logits) => {
+                        let l = &mut logits[row * n_vocab..(row + 1) * n_vocab];
+                        sample_one(s, l, &self.tok, self.limits.max_context)
+                    }
+                    StepOutput::Tokens(ids) => take_token(
+                        s,
+                        ids[row],
+                        None,
+                        Vec::new(),
+                        &self.tok,
+                        self.limits.max_context,
+                    ),
+                };
+                row += 1;
+                self.stats.generated_tokens_total += 1;
+            }
             if let Some(reason) = ended {
                 finished.push((s.id, reason));
             } else if s.tx.is_closed() {
                 finished.push((s.id, FinishReason::Cancelled));
             }
-            self.stats.generated_tokens_total += 1;
         }
         // Before a finished request frees its state slot.
         self.take_state_checkpoints(work);
@@ -336,4 +378,76 @@ impl EngineCore {
             self.end(s, reason);
         }
     }
+}
+
+/// What verifying a request's drafts gave (see [`verify`]).
+struct Verified {
+    /// Rows whose input token was right (the last known token's and each accepted
+    /// draft's): their KV stays.
+    valid_rows: usize,
+    /// Drafts accepted.
+    accepted: usize,
+    /// Tokens taken (accepted drafts and the token sampled after them).
+    generated: usize,
+    /// Why the request ended, if it did.
+    finish: Option<FinishReason>,
+}
+
+/// Samples `s`'s rows `first_row..=first_row + drafted` of `out` in order against
+/// its drafts (see [`crate::spec`]): each row's token is taken as decoding without
+/// drafts would take it (sampler, constraint, stop conditions); the next row counts
+/// while its draft equals the token taken.
+fn verify(
+    s: &mut Live,
+    drafted: usize,
+    first_row: usize,
+    out: &mut StepOutput,
+    n_vocab: usize,
+    tok: &Tokenizer,
+    max_context: usize,
+) -> Verified {
+    let draft = std::mem::take(&mut s.draft);
+    let mut v = Verified {
+        valid_rows: 0,
+        accepted: 0,
+        generated: 0,
+        finish: None,
+    };
+    for j in 0..=drafted {
+        v.valid_rows = j + 1;
+        if j > 0 {
+            // The constraint's mask after the token just taken (the first row's was
+            // computed during the forward pass).
+            if let Some(c) = s.constraint.as_mut() {
+                let left = s.max_tokens.saturating_sub(s.usage.completion_tokens);
+                s.mask = Some(c.compute_mask_within(left));
+            }
+        }
+        let row = first_row + j;
+        let finish = match out {
+            StepOutput::Logits(logits) => sample_one(
+                s,
+                &mut logits[row * n_vocab..(row + 1) * n_vocab],
+                tok,
+                max_context,
+            ),
+            StepOutput::Tokens(ids) => take_token(s, ids[row], None, Vec::new(), tok, max_context),
+        };
+        v.generated += 1;
+        if finish.is_some() {
+            v.finish = finish;
+            break;
+        }
+        // The next row counts only while this row's draft is the token taken.
+        if draft.get(j).filter(|_| j < drafted) != s.tokens.last() {
+            break;
+        }
+        v.accepted += 1;
+    }
+    if let Some(d) = s.spec.as_mut() {
+        d.update(drafted, v.accepted);
+    }
+    s.usage.draft_tokens += drafted;
+    s.usage.accepted_draft_tokens += v.accepted;
+    v
 }

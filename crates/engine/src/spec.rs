@@ -1,0 +1,172 @@
+//! Speculative decoding: draft tokens proposed before a step, verified inside it.
+//!
+//! A decoding request with drafts computes its last token and its `k` draft tokens
+//! in one step, as `k + 1` decode rows (each its own sequence span in the batch, so
+//! each row's numbers are exactly those it would get decoded alone: the same
+//! attention window, kernel and matmul grouping; see `core::runner`). The engine
+//! then samples row by row: a draft is accepted while it equals the token sampled
+//! at its position, so greedy output is identical to decoding without drafts, and
+//! sampled output follows the same distribution (drafts are deterministic proposals:
+//! sampling the target and comparing is the rejection rule for a one-point draft
+//! distribution). The first row whose draft differs yields the token actually
+//! sampled there; the KV of the rejected rows is dropped (the page tail only).
+//!
+//! Drafts come from the request's own context ([`propose_ngram`], prompt lookup):
+//! agents re-emit code, paths and JSON from their history.
+
+/// Where drafts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecMode {
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the
+    /// context's last n-gram.
+    #[default]
+    Ngram,
+}
+
+impl SpecMode {
+    /// Parses `ngram`.
+    pub fn parse(s: &str) -> Option<SpecMode> {
+        match s {
+            "ngram" => Some(SpecMode::Ngram),
+            _ => None,
+        }
+    }
+}
+
+/// Speculative decoding settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// Where drafts come from.
+    pub mode: SpecMode,
+    /// Most draft tokens per request and step (1..=[`MAX_DRAFT`]).
+    pub k: usize,
+    /// No request drafts while more than this many requests decode: a large batch
+    /// already fills the device, and rejected rows then cost more than they save.
+    pub max_batch: usize,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            mode: SpecMode::Ngram,
+            k: 4,
+            max_batch: 16,
+        }
+    }
+}
+
+/// Most draft tokens per step a request may verify.
+pub const MAX_DRAFT: usize = 16;
+
+/// Longest n-gram [`propose_ngram`] matches.
+const NGRAM_MAX: usize = 4;
+/// Shortest n-gram [`propose_ngram`] matches (a single token follows too many
+/// different tokens to predict the next ones).
+const NGRAM_MIN: usize = 2;
+/// How far back [`propose_ngram`] searches, in tokens (bounds its cost per step).
+const NGRAM_WINDOW: usize = 1 << 16;
+
+/// Up to `k` draft tokens for the sequence `tokens`: the tokens that followed the
+/// most recent earlier occurrence of its last n-gram, longest n-gram first
+/// ([`NGRAM_MAX`] down to [`NGRAM_MIN`]); empty when none recurs.
+pub fn propose_ngram(tokens: &[u32], k: usize) -> Vec<u32> {
+    let len = tokens.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    let lo = len.saturating_sub(NGRAM_WINDOW);
+    for n in (NGRAM_MIN..=NGRAM_MAX).rev() {
+        if len <= n {
+            continue;
+        }
+        let tail = &tokens[len - n..];
+        // Latest start `i` of an earlier occurrence (ending before the tail's end).
+        let found = (lo..len - n).rev().find(|&i| &tokens[i..i + n] == tail);
+        if let Some(i) = found {
+            let from = i + n;
+            let to = (from + k).min(len);
+            if from < to {
+                return tokens[from..to].to_vec();
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// A request's draft depth, adapted to how many of its drafts were accepted: up by
+/// one after a step that accepted all, halved after one that accepted none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Depth {
+    /// Draft tokens to ask for next.
+    pub now: usize,
+    /// The configured most.
+    pub max: usize,
+}
+
+impl Depth {
+    pub fn new(max: usize) -> Depth {
+        Depth { now: max, max }
+    }
+
+    /// Records a verification of `drafted` tokens, `accepted` of them taken.
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        if accepted == drafted {
+            self.now = (self.now + 1).min(self.max);
+        } else if accepted == 0 {
+            self.now = (self.now / 2).max(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_proposes_what_followed_the_latest_match() {
+        // "1 2 3 9 ... 1 2 3" -> the tokens after the earlier "1 2 3".
+        let t = [1, 2, 3, 9, 8, 7, 5, 1, 2, 3];
+        assert_eq!(propose_ngram(&t, 3), vec![9, 8, 7]);
+        assert_eq!(propose_ngram(&t, 1), vec![9]);
+        // The latest occurrence wins.
+        let t = [4, 5, 1, 4, 5, 2, 4, 5];
+        assert_eq!(propose_ngram(&t, 1), vec![2]);
+        // Drafts stop at the context's end.
+        let t = [7, 7, 7];
+        assert_eq!(propose_ngram(&t, 4), vec![7]);
+        // No recurring bigram: nothing.
+        assert!(propose_ngram(&[1, 2, 3, 4, 5, 1], 4).is_empty());
+        assert!(propose_ngram(&[1, 2, 1, 2], 0).is_empty());
+        assert!(propose_ngram(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn ngram_prefers_the_longer_match() {
+        // Bigram "2 3" last occurred followed by 6, but the 3-gram "1 2 3" by 9.
+        let t = [1, 2, 3, 9, 0, 2, 3, 6, 0, 1, 2, 3];
+        assert_eq!(propose_ngram(&t, 1), vec![9]);
+    }
+
+    #[test]
+    fn depth_adapts_to_acceptance() {
+        let mut d = Depth::new(4);
+        d.update(4, 0);
+        assert_eq!(d.now, 2);
+        d.update(2, 0);
+        d.update(1, 0);
+        assert_eq!(d.now, 1);
+        d.update(1, 1);
+        assert_eq!(d.now, 2);
+        d.update(2, 1);
+        assert_eq!(d.now, 2);
+        for _ in 0..5 {
+            d.update(d.now, d.now);
+        }
+        assert_eq!(d.now, 4);
+        d.update(0, 0);
+        assert_eq!(d.now, 4);
+    }
+}

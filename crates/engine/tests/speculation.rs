@@ -1,0 +1,226 @@
+//! Speculative decoding (n-gram drafts) on the three real models: greedy tokens and
+//! their log-probabilities are bit for bit those of decoding without drafts, at
+//! every draft depth, alone and batched with three other requests; rejected
+//! drafts leave the page accounting sound; sampled tokens keep their distribution.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tempo9_engine::{EngineConfig, EngineCore, Request, SamplingParams, SpecConfig, SpecMode};
+use tempo9_models::Model;
+use tempo9_tokenizer::Tokenizer;
+
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A deterministic (batch-invariant) engine, with n-gram drafts of depth `k`
+/// (0: none).
+fn engine(model: &Arc<Model>, tok: &Arc<Tokenizer>, k: usize) -> EngineCore {
+    let cfg = EngineConfig {
+        deterministic: true,
+        threads: 2,
+        kv_budget_bytes: Some(64 << 20),
+        speculation: (k > 0).then_some(SpecConfig {
+            mode: SpecMode::Ngram,
+            k,
+            max_batch: 16,
+        }),
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine")
+}
+
+/// Prompts whose answers repeat their context (so n-gram drafts are proposed and
+/// often accepted), raw and chat-templated.
+fn prompts(tok: &Tokenizer, chat: bool) -> Vec<Vec<u32>> {
+    let code = "fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\nfn sub(a: i32, b: i32) -> i32 {\n    a - b\n}\n\n";
+    let texts = [
+        format!("Copy this code exactly:\n{code}\nCopy:\n"),
+        "The list: apple, banana, cherry, apple, banana, cherry, apple, banana,".to_string(),
+        "{\"name\": \"tempo9\", \"tags\": [\"fast\", \"local\"]}\nRepeat the JSON above:\n"
+            .to_string(),
+        "Count: one two three four five, one two three four five, one two".to_string(),
+    ];
+    texts
+        .iter()
+        .map(|t| {
+            if chat {
+                let text = format!("<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n");
+                tok.encode(&text, true, true)
+            } else {
+                tok.encode(t, true, false)
+            }
+        })
+        .collect()
+}
+
+fn request(prompt: &[u32], n: usize) -> Request {
+    let mut r = Request::new(prompt.to_vec(), n);
+    r.stop.eog = false;
+    r.logprobs = true;
+    r.top_logprobs = 4;
+    r
+}
+
+const N_GEN: usize = 32;
+
+/// Per real model: four prompts (two raw, two chat-templated) decoded greedily
+/// without drafts, each alone; then with drafts of depth 1 and 4 each alone, and of
+/// depth 2 and 3 for the first batched with the other three: the same tokens and top-4
+/// log-probabilities bit for bit, some drafts accepted and some rejected, and no
+/// page left held.
+#[test]
+fn drafts_change_no_greedy_token_or_logprob() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for &(_, file) in &MODELS {
+        let Some(model) = load(file) else {
+            return;
+        };
+        let tok = tokenizer(&model);
+        let raw = prompts(&tok, false);
+        let chat = prompts(&tok, true);
+        let ps = [&raw[0], &raw[2], &chat[1], &chat[3]];
+        let alone = |k: usize, p: &[u32]| {
+            run_batch(&mut engine(&model, &tok, k), vec![request(p, N_GEN)]).remove(0)
+        };
+        let plain: Vec<Output> = ps.iter().map(|p| alone(0, p)).collect();
+        let check = |k: usize, i: usize, got: &Output, how: &str| {
+            assert_eq!(
+                got.tokens, plain[i].tokens,
+                "{file} k={k} {how} prompt {i}: tokens"
+            );
+            assert_eq!(
+                got.top_logprobs, plain[i].top_logprobs,
+                "{file} k={k} {how} prompt {i}: logprobs"
+            );
+            assert_eq!(got.finish.usage.completion_tokens, N_GEN);
+        };
+        for k in [1, 4] {
+            let (mut drafted, mut accepted) = (0, 0);
+            for (i, p) in ps.iter().enumerate() {
+                let got = alone(k, p);
+                check(k, i, &got, "alone");
+                drafted += got.finish.usage.draft_tokens;
+                accepted += got.finish.usage.accepted_draft_tokens;
+            }
+            eprintln!("{file} k={k} alone: {accepted} of {drafted} drafts accepted");
+            assert!(accepted > 0, "{file} k={k}: no draft was accepted");
+            assert!(accepted < drafted, "{file} k={k}: no draft was rejected");
+        }
+        // Batched: the first prompt speculates beside the other three, which opt out.
+        // (With 8 or more decode rows in a step, Qwen2.5's and Gemma 3's numbers
+        // are not batch-invariant on this build even without drafts: a separate
+        // engine issue; at most 4 + 3 rows stay below it.)
+        for k in [0, 2, 3] {
+            let mut eng = engine(&model, &tok, k);
+            let reqs = ps
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let mut r = request(p, N_GEN);
+                    r.speculation = i == 0;
+                    r
+                })
+                .collect();
+            let got = run_batch(&mut eng, reqs);
+            for (i, g) in got.iter().enumerate() {
+                check(k, i, g, "batched");
+            }
+            let st = eng.stats();
+            eprintln!(
+                "{file} k={k} batched: {} of {} drafts accepted",
+                st.accepted_draft_tokens_total, st.draft_tokens_total
+            );
+            assert!(k == 0 || st.draft_tokens_total > 0, "{file}: {st:?}");
+            assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
+        }
+    }
+}
+
+/// Sampling at temperature 1 with drafts gives tokens from the same distribution
+/// as without: per position of the first eight tokens, the frequencies of the
+/// tokens seen over 200 samples each, compared by a chi-square test summed over the
+/// positions (tokens seen fewer than 10 times at a position pooled into one bin).
+/// Checked to fail when a rejected draft's KV is kept (the later tokens then follow
+/// the draft's context, not the sampled one's).
+#[test]
+fn sampled_tokens_keep_their_distribution() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(model) = load(MODELS[0].1) else {
+        return;
+    };
+    let tok = tokenizer(&model);
+    let prompt = tok.encode(
+        "The list: apple, banana, cherry, apple, banana, cherry, apple, banana, cherry, apple,",
+        true,
+        false,
+    );
+    const N: usize = 200;
+    const LEN: usize = 8;
+    let sample = |k: usize, seed0: u64| -> Vec<Vec<u32>> {
+        let mut eng = engine(&model, &tok, k);
+        let reqs = (0..N as u64)
+            .map(|i| {
+                let mut r = Request::new(prompt.clone(), LEN);
+                r.stop.eog = false;
+                r.sampling = SamplingParams {
+                    temperature: 1.0,
+                    seed: Some(seed0 + i),
+                    ..SamplingParams::default()
+                };
+                r
+            })
+            .collect();
+        let out = run_batch(&mut eng, reqs);
+        if k > 0 {
+            let st = eng.stats();
+            assert!(st.accepted_draft_tokens_total > 0, "{st:?}");
+            assert!(
+                st.accepted_draft_tokens_total < st.draft_tokens_total,
+                "{st:?}"
+            );
+        }
+        out.into_iter().map(|o| o.tokens).collect()
+    };
+    let plain = sample(0, 1_000);
+    let spec = sample(4, 9_000);
+    let (mut chi2, mut dof) = (0.0f64, 0.0f64);
+    for pos in 0..LEN {
+        let mut counts: std::collections::BTreeMap<u32, (f64, f64)> = Default::default();
+        for t in &plain {
+            counts.entry(t[pos]).or_default().0 += 1.0;
+        }
+        for t in &spec {
+            counts.entry(t[pos]).or_default().1 += 1.0;
+        }
+        let mut bins: Vec<(f64, f64)> = Vec::new();
+        let mut rest = (0.0, 0.0);
+        for &(a, b) in counts.values() {
+            if a + b >= 10.0 {
+                bins.push((a, b));
+            } else {
+                rest.0 += a;
+                rest.1 += b;
+            }
+        }
+        if rest.0 + rest.1 > 0.0 {
+            bins.push(rest);
+        }
+        // Two samples of equal size: chi2 = sum (a - b)^2 / (a + b).
+        chi2 += bins
+            .iter()
+            .map(|&(a, b)| (a - b).powi(2) / (a + b))
+            .sum::<f64>();
+        dof += bins.len().saturating_sub(1) as f64;
+    }
+    // Above the 99.9th percentile of chi-square with `dof` degrees of freedom
+    // (Wilson-Hilferty, rounded up).
+    let limit = dof + 3.1 * (2.0 * dof).sqrt() + 7.0;
+    eprintln!("{dof} degrees of freedom, chi2 {chi2:.1}, limit {limit:.1}");
+    assert!(dof >= 8.0, "too few distinct outcomes to compare");
+    assert!(
+        chi2 < limit,
+        "distributions differ: chi2 {chi2:.1} >= {limit:.1}"
+    );
+}
