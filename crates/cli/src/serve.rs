@@ -29,7 +29,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PORT", default_value_t = 11435)]
     pub port: u16,
     /// Require this key from clients (`Authorization: Bearer KEY` or `x-api-key: KEY`);
-    /// `/health` stays open.
+    /// `/health` and the status page `/` stay open (`/v1/status` needs the key).
     #[arg(
         long,
         value_name = "KEY",
