@@ -11,6 +11,7 @@
 //! [`tempo9_engine::EngineHandle::requests`].
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -110,6 +111,18 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct StatusRegistry {
     inner: Mutex<Inner>,
+    /// Open `/v1/status` event streams.
+    streams: AtomicUsize,
+}
+
+/// One open `/v1/status` event stream, counted while it lives.
+#[derive(Debug)]
+struct StreamGuard(Arc<StatusRegistry>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What a generation reports when it registers.
@@ -202,6 +215,16 @@ impl StatusRegistry {
             registry: self.clone(),
             key,
         }
+    }
+
+    /// Open `/v1/status` event streams.
+    pub fn streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    fn open_stream(self: &Arc<Self>) -> StreamGuard {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        StreamGuard(self.clone())
     }
 
     /// Generations registered now.
@@ -352,6 +375,7 @@ pub fn snapshot(st: &AppState) -> Value {
             "uptime_secs": st.started.elapsed().as_secs_f64(),
             "time": unix_now,
             "status_prompts": st.config.status_prompts,
+            "status_streams": st.status.streams(),
         },
         "queue": {"running": s.running, "waiting": s.waiting, "loading": s.loading},
         "requests": {"running": running, "waiting": waiting},
@@ -400,7 +424,10 @@ pub async fn status(
         return axum::Json(snapshot(&st)).into_response();
     }
     let every = Duration::from_millis(q.interval_ms.unwrap_or(1000).clamp(100, 60_000));
+    let open = st.status.open_stream();
     crate::streaming("text/event-stream", move |tx| async move {
+        // Counted until the client goes away and this task ends.
+        let _open = open;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -295,7 +295,18 @@ async fn status_streams_events() {
         );
         assert!(b - a >= 0.15, "events {a} and {b} too close");
         assert!(t0.elapsed() >= Duration::from_millis(150));
+        assert_eq!(status(&addr).await["server"]["status_streams"], 1);
         drop(s);
+    }
+    // Both streams ended with their clients (the server stops sending).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status(&addr).await;
+        if s["server"]["status_streams"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "event streams still open: {s:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Plain JSON without either.
     let a = http(&addr, "GET", "/v1/status", &[("Accept", "*/*")], "").await;
