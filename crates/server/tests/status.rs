@@ -41,6 +41,11 @@ fn model_path() -> Option<PathBuf> {
 
 /// Starts a server on a free loopback port; its address.
 async fn start(config: ServerConfig) -> Option<String> {
+    start_with(config, 64).await
+}
+
+/// [`start`], with the engine running at most `max_running` requests at once.
+async fn start_with(config: ServerConfig, max_running: usize) -> Option<String> {
     let path = model_path()?;
     let model = Arc::new(
         Model::load(&path, LoadOptions::new(tempo9_ggml::Device::cpu())).expect("load model"),
@@ -50,6 +55,7 @@ async fn start(config: ServerConfig) -> Option<String> {
         threads: 2,
         kv_budget_bytes: Some(64 << 20),
         max_context: Some(4096),
+        max_running,
         ..EngineConfig::default()
     };
     let engine = Engine::start(model, tok, cfg).expect("engine");
@@ -230,6 +236,46 @@ async fn status_shows_a_running_request_and_forgets_it() {
         done["prefix_cache"]["hit_tokens"].as_u64().unwrap() > 0,
         "{done:#}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_engine_has_no_room_for_is_waiting() {
+    let Some(addr) = start_with(ServerConfig::default(), 1).await else {
+        return;
+    };
+    let mut first = open(&addr, "POST", "/v1/chat/completions", &[], LONG).await;
+    read_until(&mut first, "data: ", 2).await;
+    let anthropic = r#"{"model":"tempo9","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let second = open(
+        &addr,
+        "POST",
+        "/v1/messages",
+        &[("User-Agent", "claude-cli/2")],
+        anthropic,
+    )
+    .await;
+    // Listed as waiting once the server has it, while the first keeps running.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let st = status(&addr).await;
+        // (The engine's counts are as of its last step: they may lag a moment.)
+        if st["requests"]["waiting"].as_array().unwrap().len() == 1 && st["queue"]["waiting"] == 1 {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no waiting request: {st:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let w = &st["requests"]["waiting"][0];
+    assert_eq!(w["api"], "anthropic", "{w}");
+    assert_eq!(w["client"], "claude-cli/2", "{w}");
+    assert_eq!(w["state"], "waiting", "{w}");
+    assert_eq!(w["generated_tokens"], 0, "{w}");
+    assert!(w["ttft_secs"].is_null(), "{w}");
+    assert_eq!(st["requests"]["running"].as_array().unwrap().len(), 1);
+    assert_eq!(st["queue"]["waiting"], 1, "{st:#}");
+    drop(first);
+    drop(second);
+    wait_empty(&addr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
