@@ -9,6 +9,35 @@
 //! client gone). The engine's own view of each request (waiting, loading or
 //! running; cached and computed tokens) comes from
 //! [`tempo9_engine::EngineHandle::requests`].
+//!
+//! The snapshot's fields:
+//! - `server`: `version`, `model`, `arch`, `quantization`, `device`,
+//!   `device_description`, `context` (per-request token limit), `uptime_secs`,
+//!   `time` (Unix seconds of the snapshot), `status_prompts`, `status_streams`
+//!   (open event streams).
+//! - `queue`: the engine's `running`, `waiting` and `loading` (reading a cached
+//!   prefix from the SSD tier) counts, as of its last step.
+//! - `requests.running`, `requests.waiting`: one object per generation: `id` (the
+//!   engine's), `api` (`openai`, `anthropic`, `ollama`, `responses`), `client`
+//!   (`User-Agent`), `state` (`waiting`, `loading`, `prefill`, `decode`),
+//!   `age_secs`, `prompt_tokens`, `cached_tokens` (prefix-cache hit; `null`
+//!   before admission), `computed_tokens` (prompt tokens prefilled so far),
+//!   `ttft_secs`, `generated_tokens`, `max_tokens`, `tokens_per_second` (its
+//!   decode rate since its first token), `preemptions`, and `prompt` (the first
+//!   [`PROMPT_PREVIEW_CHARS`] characters of the rendered prompt) only with
+//!   `--status-prompts`.
+//! - `kv`: `page_tokens`, `page_bytes`, `ram` pages (`total`, `used`, `cached`,
+//!   `free`); `ssd` (`pages`, `bytes`, `budget_bytes`, `pending_pages`,
+//!   `hit_tokens`, `states`, `windows`), `sliding` (pages) and `recurrent`
+//!   (state `slots`, `live`, `checkpoints`, `free`, `checkpoint_hits`), each
+//!   `null` where the engine has no such tier or group.
+//! - `prefix_cache`: `query_tokens`, `hit_tokens`, `hit_rate`.
+//! - `tokens_per_second`: generated tokens per second over the last 10 s.
+//! - `totals`: counters since the start: `requests_started`, `requests_ended`,
+//!   `ttft_count` and `ttft_sum_secs` (a client's mean TTFT over an interval is
+//!   the ratio of their differences), `server_generated_tokens`, and the
+//!   engine's `prompt_tokens`, `generated_tokens`, `computed_tokens`,
+//!   `preemptions`, `steps`, `evicted_pages`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
