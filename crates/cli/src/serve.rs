@@ -29,7 +29,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PORT", default_value_t = 11435)]
     pub port: u16,
     /// Require this key from clients (`Authorization: Bearer KEY` or `x-api-key: KEY`);
-    /// `/health` stays open.
+    /// `/health` and the status page `/` stay open (`/v1/status` needs the key).
     #[arg(
         long,
         value_name = "KEY",
@@ -72,6 +72,12 @@ pub struct ServeArgs {
         default_value = "x-anthropic-billing-header:"
     )]
     pub strip_system_line: Vec<String>,
+    /// Show the first 200 characters of each request's prompt on the status page
+    /// (`GET /` and `/v1/status`). Off by default: prompts may be private, and the
+    /// page is readable by anyone who can reach the server (and has the API key,
+    /// when one is set).
+    #[arg(long)]
+    pub status_prompts: bool,
 }
 
 fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
@@ -178,6 +184,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .collect(),
         digest,
         chat_template,
+        status_prompts: a.status_prompts,
     };
     let state = Arc::new(AppState::new(handle, config)?.with_path(PathBuf::from(&gguf)));
     let rt = tokio::runtime::Builder::new_multi_thread()

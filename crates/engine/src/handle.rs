@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tempo9_models::Model;
 use tempo9_tokenizer::Tokenizer;
 
-use crate::core::{EngineConfig, EngineCore, EngineError, EngineStats, Limits};
+use crate::core::{EngineConfig, EngineCore, EngineError, EngineStats, Limits, RequestProgress};
 use crate::request::Request;
 use crate::stream::Ticket;
 use crate::{RequestStream, SubmitError};
@@ -43,6 +43,7 @@ impl Engine {
             queued: core.queued(),
             next_id: AtomicU64::new(0),
             stats: Mutex::new(core.stats()),
+            requests: Mutex::new(Vec::new()),
             model,
             tokenizer,
         });
@@ -63,6 +64,8 @@ struct Shared {
     /// The last request id handed out (ids grow in submission order).
     next_id: AtomicU64,
     stats: Mutex<EngineStats>,
+    /// The requests the engine holds, as of the last step.
+    requests: Mutex<Vec<RequestProgress>>,
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
 }
@@ -119,6 +122,16 @@ impl EngineHandle {
         *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The requests the engine holds (waiting, loading, running) as of the last
+    /// step, running ones first.
+    pub fn requests(&self) -> Vec<RequestProgress> {
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Per-request limit on prompt plus output tokens.
     pub fn max_context(&self) -> usize {
         self.shared.max_context
@@ -138,6 +151,7 @@ impl EngineHandle {
 fn engine_loop(mut core: EngineCore, rx: Receiver<Command>, shared: Arc<Shared>) {
     let publish = |core: &EngineCore| {
         *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = core.stats();
+        *shared.requests.lock().unwrap_or_else(|e| e.into_inner()) = core.requests();
     };
     // Returns the acknowledgement channel of a shutdown.
     let handle = |core: &mut EngineCore, cmd: Command| match cmd {

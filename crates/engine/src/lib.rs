@@ -22,7 +22,8 @@ mod stop;
 mod stream;
 
 pub use crate::core::{
-    default_threads, EngineConfig, EngineCore, EngineError, EngineStats, SubmitError,
+    default_threads, EngineConfig, EngineCore, EngineError, EngineStats, RequestPhase,
+    RequestProgress, SubmitError,
 };
 pub use handle::{Engine, EngineHandle};
 pub use request::{

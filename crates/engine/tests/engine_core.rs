@@ -919,3 +919,45 @@ fn a_deterministic_request_is_batch_invariant_in_a_default_engine() {
         same_as_alone(MODELS[1].1, &format!("prompt {i}"), &batched, &alone);
     }
 }
+
+/// `EngineCore::requests` follows each request from waiting to running, with its
+/// prefix hit, prefill progress and generated tokens, and forgets it at the end.
+#[test]
+fn requests_report_phase_and_progress() {
+    use tempo9_engine::RequestPhase;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((model, tok)) = smollm2() else {
+        return;
+    };
+    let mut eng = core(&model, &tok, 64 << 20);
+    let p = prompts(&tok).swap_remove(0);
+    assert!(p.len() > 256, "a prompt of several pages");
+    let mut first = eng.submit(greedy(p.clone(), 4)).expect("submit");
+    let r = eng.requests();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].id, first.id());
+    assert_eq!(r[0].phase, RequestPhase::Waiting);
+    assert_eq!((r[0].prompt_tokens, r[0].computed_tokens), (p.len(), 0));
+    while first.try_recv().is_none() {
+        eng.step().expect("step");
+        let r = eng.requests();
+        if let Some(r) = r.first() {
+            assert_eq!(r.phase, RequestPhase::Running);
+            assert!(r.computed_tokens > 0 && r.computed_tokens <= p.len() + r.generated_tokens);
+        }
+    }
+    // Running to its end, then gone.
+    let r = eng.requests();
+    assert_eq!(r[0].generated_tokens, 1);
+    assert_eq!(r[0].cached_tokens, 0);
+    while eng.step().expect("step") {}
+    assert!(eng.requests().is_empty());
+    drop(first);
+    // The same prompt again: admitted on its cached pages.
+    let second = eng.submit(greedy(p.clone(), 4)).expect("submit");
+    eng.step().expect("step");
+    let r = eng.requests();
+    assert_eq!(r[0].id, second.id());
+    assert!(r[0].cached_tokens >= 128, "{r:?}");
+    assert!(r[0].computed_tokens >= r[0].cached_tokens);
+}

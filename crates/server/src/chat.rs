@@ -505,6 +505,12 @@ impl AppState {
         received: Instant,
     ) -> Result<Generation, ApiError> {
         let prompt_tokens = p.tokens.len();
+        // Kept only for the status page's prompt preview.
+        let tokens = if self.config.status_prompts {
+            p.tokens[..p.tokens.len().min(2 * crate::status::PROMPT_PREVIEW_CHARS)].to_vec()
+        } else {
+            Vec::new()
+        };
         let mut req = Request::new(p.tokens, p.max_tokens);
         req.sampling = p.params.sampling.clone();
         req.stop = StopConditions {
@@ -523,6 +529,25 @@ impl AppState {
             .engine
             .submit(req)
             .map_err(|e| submit_error(family, e))?;
+        let prompt = self
+            .config
+            .status_prompts
+            .then(|| crate::status::prompt_preview(self.engine.tokenizer(), &tokens));
+        let status = self.status.register(crate::status::NewEntry {
+            engine_id: stream.id(),
+            client: crate::status::ClientInfo::current().unwrap_or(crate::status::ClientInfo {
+                api: match family {
+                    Family::OpenAi => "openai",
+                    Family::Anthropic => "anthropic",
+                    Family::Ollama => "ollama",
+                },
+                user_agent: None,
+            }),
+            prompt,
+            prompt_tokens,
+            max_tokens: p.max_tokens,
+            received,
+        });
         let mut parser = p.format.parser(&p.tools, p.parse_calls);
         if let Some(end) = p.reasoning {
             parser = Box::new(ThinkParser::new(parser, end));
@@ -545,6 +570,7 @@ impl AppState {
             reasoning_tokens: 0,
             format: p.format,
             think: p.reasoning.is_some(),
+            status,
         })
     }
 }
@@ -650,6 +676,8 @@ pub struct Generation {
     format: ToolFormat,
     /// `<think>` tags are parsed (their tokens' text is needed).
     think: bool,
+    /// Its entry on the status page, removed when the generation is dropped.
+    status: crate::status::StatusGuard,
 }
 
 impl Generation {
@@ -692,6 +720,7 @@ impl Generation {
                     Some(prev) => self.state.metrics.next_token(now - prev),
                 }
                 self.last_token = Some(now);
+                self.status.token(now);
                 let mut text = t.text;
                 if text.is_empty() {
                     // Special tokens are detokenized without text; markup tokens

@@ -19,6 +19,7 @@ pub mod ollama;
 pub mod ollama_store;
 pub mod openai;
 pub mod responses;
+pub mod status;
 pub mod tools;
 
 use std::convert::Infallible;
@@ -73,6 +74,9 @@ pub struct ServerConfig {
     pub digest: Option<String>,
     /// A chat template (Jinja source) to use instead of the model's.
     pub chat_template: Option<String>,
+    /// Show the start of each request's prompt on the status page
+    /// (`/v1/status`); off by default, since prompts may be private.
+    pub status_prompts: bool,
 }
 
 impl Default for ServerConfig {
@@ -90,6 +94,7 @@ impl Default for ServerConfig {
             volatile_prefixes: vec!["x-anthropic-billing-header:".into()],
             digest: None,
             chat_template: None,
+            status_prompts: false,
         }
     }
 }
@@ -230,6 +235,8 @@ pub struct AppState {
     pub config: ServerConfig,
     /// Server-side measurements.
     pub metrics: Metrics,
+    /// Generations in flight, for the status page.
+    pub status: Arc<status::StatusRegistry>,
     /// Generation requests in flight.
     slots: Arc<Semaphore>,
     /// When the server started.
@@ -257,6 +264,7 @@ impl AppState {
             info,
             config,
             metrics: Metrics::new(),
+            status: status::StatusRegistry::new(),
             started: Instant::now(),
         })
     }
@@ -395,7 +403,15 @@ pub fn sse_event(name: &str, v: &Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {v}\n\n"))
 }
 
-/// Checks the API key (except on `/health`) and counts answers per route.
+/// Paths open without the API key: the health check, and the status page
+/// itself (static HTML holding no data; it asks for the key and sends it with
+/// its `/v1/status` requests, which need it like every API route).
+fn open_path(path: &str) -> bool {
+    path == "/health" || path == "/"
+}
+
+/// Checks the API key (except on [`open_path`]s), counts answers per route, and
+/// runs the handler with its [`status::ClientInfo`] (for the status page).
 async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let route = req
@@ -404,7 +420,7 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     if let Some(key) = &st.config.api_key {
-        if path != "/health" && !authorized(req.headers(), key) {
+        if !open_path(&path) && !authorized(req.headers(), key) {
             st.metrics.http(&route, 401);
             return ApiError::new(
                 Family::from_path(&path),
@@ -416,7 +432,8 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
     }
     let method = req.method().clone();
     let t0 = std::time::Instant::now();
-    let resp = next.run(req).await;
+    let client = status::ClientInfo::from_request(&path, req.headers());
+    let resp = client.scope(next.run(req)).await;
     tracing::info!(%method, path = %path, status = resp.status().as_u16(),
         ms = t0.elapsed().as_millis() as u64, "http");
     st.metrics.http(&route, resp.status().as_u16());
@@ -913,7 +930,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
-        .route("/", get(|| async { "Tempo9 is running" }))
+        .route("/v1/status", get(status::status))
+        .route("/", get(status::page))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))

@@ -193,6 +193,11 @@ impl Metrics {
             .or_default() += 1;
     }
 
+    /// Generated tokens per second over the last 10 seconds.
+    pub fn tokens_per_second(&self) -> f64 {
+        self.lock().rate.per_second(Instant::now())
+    }
+
     /// Time-to-first-token observations so far.
     pub fn ttft_count(&self) -> u64 {
         self.lock().ttft.count()

@@ -367,6 +367,36 @@ pub struct EngineStats {
     pub accepted_draft_tokens_total: u64,
 }
 
+/// Where a request is in the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestPhase {
+    /// Waiting for admission (queued, or preempted and waiting again).
+    Waiting,
+    /// Admitted; its cached prefix is being read back from the SSD tier.
+    Loading,
+    /// Holding KV and computing (prefill or decode).
+    Running,
+}
+
+/// One request's progress as of the last step ([`EngineCore::requests`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestProgress {
+    /// The request's id (its stream's [`crate::RequestStream::id`]).
+    pub id: RequestId,
+    /// Where it is.
+    pub phase: RequestPhase,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Of those, tokens whose KV came from the prefix cache (0 before admission).
+    pub cached_tokens: usize,
+    /// Tokens whose KV is computed or cached (prompt and output).
+    pub computed_tokens: usize,
+    /// Tokens generated so far.
+    pub generated_tokens: usize,
+    /// Times it was preempted.
+    pub preemptions: u32,
+}
+
 /// Checks a request against the engine's fixed limits; shared by the core and the
 /// threaded handle (which refuses bad requests before they reach the engine thread).
 #[derive(Debug, Clone)]
@@ -765,6 +795,29 @@ impl EngineCore {
             ssd: self.ssd.as_ref().map(SsdTier::stats).unwrap_or_default(),
             ..self.stats
         }
+    }
+
+    /// Every request the engine holds (waiting, loading, running) and its progress.
+    pub fn requests(&self) -> Vec<RequestProgress> {
+        let info = |s: &Live, phase| RequestProgress {
+            id: s.id,
+            phase,
+            prompt_tokens: s.n_prompt,
+            cached_tokens: s.usage.cached_tokens,
+            computed_tokens: s.n_computed,
+            generated_tokens: s.tokens.len() - s.n_prompt,
+            preemptions: s.usage.preemptions,
+        };
+        let mut out =
+            Vec::with_capacity(self.waiting.len() + self.loading.len() + self.running.len());
+        out.extend(self.running.iter().map(|s| info(s, RequestPhase::Running)));
+        out.extend(
+            self.loading
+                .iter()
+                .map(|l| info(&l.live, RequestPhase::Loading)),
+        );
+        out.extend(self.waiting.iter().map(|s| info(s, RequestPhase::Waiting)));
+        out
     }
 
     /// Checks the KV cache's invariants (tests and debugging).
