@@ -961,3 +961,50 @@ fn requests_report_phase_and_progress() {
     assert!(r[0].cached_tokens >= 128, "{r:?}");
     assert!(r[0].computed_tokens >= r[0].cached_tokens);
 }
+
+/// Twelve decode rows in one step of a deterministic engine give each request the
+/// numbers it gets alone, on the models with K-quant weights (Qwen2.5-Coder's
+/// Q6_K, Gemma 3's Q4_K/Q6_K): from 8 rows, ggml's CPU backend multiplies K-quants
+/// with a tiled kernel that rounds differently from a lone row's dot products, so
+/// the engine keeps such decode groups below 8 rows (`TILED_MIN_ROWS`).
+#[test]
+fn twelve_decode_rows_are_batch_invariant_on_k_quant_weights() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for &(_, file) in &MODELS[1..] {
+        let Some(model) = load(file) else {
+            return;
+        };
+        let tok = tokenizer(&model);
+        let texts = [
+            "Copy this code exactly: fn add(a: i32) -> i32 { a + 1 }",
+            "{\"name\": \"tempo9\"}\nRepeat the JSON above:\n",
+            "The list: apple, banana, cherry, apple,",
+            "Count: one two three four five, one two",
+        ];
+        // Twelve distinct prompts (no shared prefix): each text after one of three
+        // leading tokens.
+        let ps: Vec<Vec<u32>> = (0..3u32)
+            .flat_map(|c| {
+                let tok = &tok;
+                texts.iter().map(move |t| {
+                    let mut p = tok.encode(t, true, false);
+                    p.insert(0, 1000 + c);
+                    p
+                })
+            })
+            .collect();
+        let alone: Vec<Output> = ps
+            .iter()
+            .map(|p| {
+                run_batch(&mut core(&model, &tok, 64 << 20), vec![with_logprobs(p, 3)]).remove(0)
+            })
+            .collect();
+        let batched = run_batch(
+            &mut core(&model, &tok, 64 << 20),
+            ps.iter().map(|p| with_logprobs(p, 3)).collect(),
+        );
+        for (i, (b, a)) in batched.iter().zip(&alone).enumerate() {
+            same_as_alone(file, &format!("prompt {i}"), b, a);
+        }
+    }
+}

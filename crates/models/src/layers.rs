@@ -122,6 +122,19 @@ fn tinyblas_on_cpu(t: DType) -> bool {
     matches!(t.raw(), 0 | 1 | 2 | 6 | 8 | 20 | 30)
 }
 
+/// From this many rows, ggml's CPU backend multiplies K-quant weights (Q2_K..Q6_K,
+/// IQ2_XXS, IQ4_XS) with its tiled kernel (AVX-512 builds), whose rounding differs
+/// from the dot products a lone decode row gets: with 8 decode rows merged in one
+/// matmul, Qwen2.5-Coder-0.5B's (Q6_K) and Gemma 3's numbers moved against the
+/// same requests alone, with 7 they did not.
+const TILED_MIN_ROWS: usize = 8;
+
+/// Weight types ggml's tiled CPU kernel takes from [`TILED_MIN_ROWS`] rows on.
+fn tiled_on_cpu(t: DType) -> bool {
+    // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ4_XS (ggml type ids).
+    matches!(t.raw(), 10..=14 | 16 | 23)
+}
+
 /// Weight types whose CPU matmul (ggml's dot products, one output at a time)
 /// gives each row the same numbers whatever rows share the matmul, checked by the
 /// batched parity tests: Q4_1 (SmolLM2). Merging the prompt chunks of different
@@ -216,12 +229,19 @@ impl<'a> Builder<'a> {
         } else if !self.cpu || merge_chunks_on_cpu(dtype) {
             vec![(0, n_rows)]
         } else {
-            // Decode rows together, each prompt chunk on its own.
+            // Decode rows together, each prompt chunk on its own; batch-invariant
+            // decode rows of K-quant weights in groups small enough for ggml's dot
+            // products (see `TILED_MIN_ROWS`).
+            let cap = if self.invariant && tiled_on_cpu(dtype) {
+                TILED_MIN_ROWS - 1
+            } else {
+                usize::MAX
+            };
             let mut groups: Vec<(usize, usize)> = Vec::new();
             for (i, &(start, rows)) in spans.iter().enumerate() {
                 let prev_single = i > 0 && spans[i - 1].1 == 1;
                 match groups.last_mut() {
-                    Some(g) if rows == 1 && prev_single => g.1 += 1,
+                    Some(g) if rows == 1 && prev_single && g.1 < cap => g.1 += 1,
                     _ => groups.push((start, rows)),
                 }
             }
