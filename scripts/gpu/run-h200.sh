@@ -536,34 +536,33 @@ if has ncu35d; then
     python3 "$root/scripts/gpu/ncu-steps.py" "$out"/ncu35d-*.csv | tee "$out/ncu35d.txt"
 fi
 
+# Batched decode of FILE tagged MODEL: Tempo9 at 1/8/32/64 streams (128-token prompts, 128
+# generated) into $out/results$SUFFIX.jsonl, and llama-batched-bench with the same sizes
+# (S_TG: decode tokens/s over all sequences; same CUDA library) into
+# $out/llama-batched$SUFFIX.jsonl. Usage: batched_vs_llama FILE MODEL SUFFIX
+batched_vs_llama() {
+    $T bench --gguf "$1" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
+        | sed "s/^{/{\"model\":\"$2\",/" | tee -a "$out/results$3.jsonl"
+    if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
+        LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$1" -c 40960 \
+            -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64 -fa 1 --output-format jsonl 2>>"$out/run.log" \
+            | grep '^{' | tee -a "$out/llama-batched$3.jsonl"
+    fi
+}
+
 if has batched35; then
     say batched35
-    # Issue 28's batched decode on the hybrid file: Tempo9 at 1/8/32/64 streams (128-token
-    # prompts, 128 generated) and llama-batched-bench with the same sizes (S_TG: decode
-    # tokens/s over all sequences), same CUDA library.
+    # Issue 28's batched decode on the hybrid file.
     write_hybrid_file || exit 1
-    $T bench --gguf "$hf" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
-        | sed 's/^{/{"model":"qwen35moe-35b-a3b-q3_k-chat",/' | tee -a "$out/results.jsonl"
-    if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
-        LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$hf" -c 40960 \
-            -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64 -fa 1 --output-format jsonl 2>>"$out/run.log" \
-            | grep '^{' | tee -a "$out/llama-batched.jsonl"
-    fi
+    batched_vs_llama "$hf" qwen35moe-35b-a3b-q3_k-chat ""
 fi
 
 if has batched30; then
     say batched30
-    # The Qwen3-30B-A3B shape (Q4_K, synthetic) batched like batched35: Tempo9 at
-    # 1/8/32/64 streams (128-token prompts, 128 generated) against llama-batched-bench.
+    # The Qwen3-30B-A3B shape (Q4_K, synthetic), batched like batched35.
     m30="$work/qwen3moe-30b-a3b-q4_k.gguf"
     [ -f "$m30" ] || $T synth-gguf --preset qwen3-30b-a3b --quant q4_k --unique-mib 4 --out "$m30" 2>>"$out/run.log"
-    $T bench --gguf "$m30" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
-        | sed 's/^{/{"model":"qwen3moe-30b-a3b-q4_k",/' | tee -a "$out/results30.jsonl"
-    if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
-        LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$m30" -c 40960 \
-            -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64 -fa 1 --output-format jsonl 2>>"$out/run.log" \
-            | grep '^{' | tee -a "$out/llama-batched30.jsonl"
-    fi
+    batched_vs_llama "$m30" qwen3moe-30b-a3b-q4_k 30
 fi
 
 if has pdlprobe; then

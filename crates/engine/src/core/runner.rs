@@ -136,6 +136,7 @@ impl EngineCore {
             } else {
                 vec![(w.start, w.end)]
             };
+            let state_slot = self.cache.state_slot(w.id);
             for (start, end) in pieces {
                 let row_start = b.tokens.len();
                 let full = &table[..end.div_ceil(ps)];
@@ -148,7 +149,6 @@ impl EngineCore {
                     (None, full_swa),
                     &mut self.mask_buffers,
                 )];
-                let state_slot = self.cache.state_slot(w.id);
                 if let Some(slot) = state_slot {
                     // The recurrent group: the sequence's state slot.
                     views.push(KvView {
