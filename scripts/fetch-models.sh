@@ -4,7 +4,7 @@
 # needed); sha256 sums are checked. Usage:
 #   scripts/fetch-models.sh            # all three test models and the vocabularies
 #   scripts/fetch-models.sh smollm2    # just the default model
-#   scripts/fetch-models.sh qwen2.5-coder-1.5b   # benchmarks only (1.1 GB; not in "all")
+#   scripts/fetch-models.sh qwen2.5-coder-1.5b   # the draft pair's target (1.1 GB; not in "all")
 #   scripts/fetch-models.sh vocab      # llama.cpp's vocab-only GGUFs and chat templates
 #
 # "vocab" puts llama.cpp's models/ggml-vocab-*.gguf (with their .inp/.out tokenizer

@@ -20,6 +20,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
 bash scripts/fetch-models.sh all || exit 1
+# The larger real model: the speculation tests' draft pair (1.5B drafted by the 0.5B).
+bash scripts/fetch-models.sh qwen2.5-coder-1.5b || exit 1
 
 cpu=${TEMPO9_TARGET_CPU:-native}
 if [ "$cpu" = native ]; then

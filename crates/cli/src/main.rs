@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use tempo9_engine::{default_threads, EngineConfig, Policy, SpecConfig, SpecMode, SsdConfig};
+use tempo9_engine::{
+    default_threads, DraftModel, EngineConfig, Policy, SpecConfig, SpecMode, SsdConfig,
+};
 use tempo9_ggml::DeviceKind;
 use tempo9_models::{LoadOptions, Model};
 
@@ -129,9 +131,16 @@ pub struct ModelArgs {
     pub speculation_k: usize,
     /// Where drafts come from with `--speculation-k`: `ngram` (prompt lookup: the
     /// tokens that followed the latest earlier occurrence of the context's last 2-4
-    /// tokens; no extra weights).
+    /// tokens; no extra weights) or `draft` (a smaller model with the same
+    /// vocabulary, `--draft-gguf`, decodes them; its KV takes a share of
+    /// `--kv-budget`).
     #[arg(long, value_name = "MODE", default_value = "ngram", value_parser = parse_spec_mode)]
     pub speculation: SpecMode,
+    /// The draft model of `--speculation draft`: a GGUF file with the same
+    /// vocabulary as the model (e.g. Qwen2.5-Coder-0.5B for the 1.5B), loaded on the
+    /// same device.
+    #[arg(long, value_name = "PATH")]
+    pub draft_gguf: Option<PathBuf>,
     /// No request drafts while more than this many requests decode (a large batch
     /// already keeps the device busy).
     #[arg(long, value_name = "N", default_value_t = 16)]
@@ -191,7 +200,8 @@ fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
 }
 
 fn parse_spec_mode(s: &str) -> std::result::Result<SpecMode, String> {
-    SpecMode::parse(s).ok_or_else(|| format!("unknown speculation mode `{s}` (known: ngram)"))
+    SpecMode::parse(s)
+        .ok_or_else(|| format!("unknown speculation mode `{s}` (known: ngram, draft)"))
 }
 
 /// Default `--solo-step-tokens` on a GPU: a prompt prefilled alone in 2048-token
@@ -227,7 +237,16 @@ impl ModelArgs {
             } else {
                 STEP_TOKENS
             });
+        let draft_model = match (&self.draft_gguf, self.speculation) {
+            (Some(p), SpecMode::Draft) => Some(DraftModel(load_model(p, &self.device)?)),
+            (None, SpecMode::Draft) if self.speculation_k > 0 => {
+                anyhow::bail!("--speculation draft needs --draft-gguf")
+            }
+            (Some(_), _) => anyhow::bail!("--draft-gguf is for --speculation draft"),
+            (None, _) => None,
+        };
         Ok(EngineConfig {
+            draft_model,
             threads: self.threads.unwrap_or_else(default_threads),
             kv_budget_bytes: self.kv_budget,
             page_tokens: self.kv_page_tokens,

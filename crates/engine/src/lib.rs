@@ -22,7 +22,7 @@ mod stop;
 mod stream;
 
 pub use crate::core::{
-    default_threads, EngineConfig, EngineCore, EngineError, EngineStats, RequestPhase,
+    default_threads, DraftModel, EngineConfig, EngineCore, EngineError, EngineStats, RequestPhase,
     RequestProgress, SubmitError,
 };
 pub use handle::{Engine, EngineHandle};

@@ -11,8 +11,9 @@
 //! distribution). The first row whose draft differs yields the token actually
 //! sampled there; the KV of the rejected rows is dropped (the page tail only).
 //!
-//! Drafts come from the request's own context ([`propose_ngram`], prompt lookup):
-//! agents re-emit code, paths and JSON from their history.
+//! Drafts come from the request's own context ([`propose_ngram`], prompt lookup:
+//! agents re-emit code, paths and JSON from their history), or from a smaller draft
+//! model with the same vocabulary ([`SpecMode::Draft`]).
 
 /// Where drafts come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -21,13 +22,17 @@ pub enum SpecMode {
     /// context's last n-gram.
     #[default]
     Ngram,
+    /// A second, smaller model with the same vocabulary decodes the drafts greedily
+    /// (`EngineConfig::draft_model`; see `core::draft`).
+    Draft,
 }
 
 impl SpecMode {
-    /// Parses `ngram`.
+    /// Parses `ngram` or `draft`.
     pub fn parse(s: &str) -> Option<SpecMode> {
         match s {
             "ngram" => Some(SpecMode::Ngram),
+            "draft" => Some(SpecMode::Draft),
             _ => None,
         }
     }

@@ -1,14 +1,19 @@
-//! Speculative decoding (n-gram drafts) on the three real models: greedy tokens and
-//! their log-probabilities are bit for bit those of decoding without drafts, at
-//! every draft depth, alone and batched with three other requests; rejected
-//! drafts leave the page accounting sound; sampled tokens keep their distribution.
+//! Speculative decoding on the real models: n-gram drafts on the three test models
+//! and draft-model drafts on the real pair (Qwen2.5-Coder-1.5B drafted by the 0.5B):
+//! greedy tokens and their log-probabilities are bit for bit those of decoding
+//! without drafts, at every draft depth, alone and batched with three other
+//! requests; rejected drafts leave the page accounting sound; sampled tokens keep
+//! their distribution.
 
 mod common;
 
 use std::sync::Arc;
 
 use common::*;
-use tempo9_engine::{EngineConfig, EngineCore, Request, SamplingParams, SpecConfig, SpecMode};
+use tempo9_engine::{
+    DraftModel, EngineConfig, EngineCore, EngineError, Request, SamplingParams, SpecConfig,
+    SpecMode,
+};
 use tempo9_models::Model;
 use tempo9_tokenizer::Tokenizer;
 
@@ -17,18 +22,28 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// A deterministic (batch-invariant) engine, with n-gram drafts of depth `k`
 /// (0: none).
 fn engine(model: &Arc<Model>, tok: &Arc<Tokenizer>, k: usize) -> EngineCore {
-    let cfg = EngineConfig {
+    EngineCore::new(model.clone(), tok.clone(), config(k, None)).expect("engine")
+}
+
+/// A deterministic engine's settings, with drafts of depth `k` (0: none) from
+/// `draft` (None: n-gram drafts).
+fn config(k: usize, draft: Option<&Arc<Model>>) -> EngineConfig {
+    EngineConfig {
         deterministic: true,
         threads: 2,
         kv_budget_bytes: Some(64 << 20),
         speculation: (k > 0).then_some(SpecConfig {
-            mode: SpecMode::Ngram,
+            mode: if draft.is_some() {
+                SpecMode::Draft
+            } else {
+                SpecMode::Ngram
+            },
             k,
             max_batch: 16,
         }),
+        draft_model: draft.map(|d| DraftModel(d.clone())),
         ..EngineConfig::default()
-    };
-    EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine")
+    }
 }
 
 /// Prompts whose answers repeat their context (so n-gram drafts are proposed and
@@ -214,3 +229,90 @@ fn sampled_tokens_keep_their_distribution() {
         "distributions differ: chi2 {chi2:.1} >= {limit:.1}"
     );
 }
+
+/// The real pair: Qwen2.5-Coder-1.5B-Instruct drafted by the 0.5B (same vocabulary).
+/// Four prompts decoded greedily without drafts, each alone; then with draft-model
+/// drafts of depth 1..4 each alone, and of depth 2 and 3 all four batched: the same
+/// tokens and top-4 log-probabilities bit for bit, drafts accepted and rejected,
+/// and no page left held in the model's pool.
+#[test]
+fn draft_model_drafts_change_no_greedy_token_or_logprob() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (Some(model), Some(draft)) = (load(TARGET_1_5B), load(MODELS[1].1)) else {
+        panic!(
+            "{TARGET_1_5B} and {} are needed (scripts/fetch-models.sh)",
+            MODELS[1].1
+        );
+    };
+    let tok = tokenizer(&model);
+    let raw = prompts(&tok, false);
+    let chat = prompts(&tok, true);
+    let ps = [&raw[0], &raw[2], &chat[1], &chat[3]];
+    let plain: Vec<Output> = ps
+        .iter()
+        .map(|p| run_batch(&mut engine(&model, &tok, 0), vec![request(p, N_GEN)]).remove(0))
+        .collect();
+    let check = |k: usize, i: usize, got: &Output, how: &str| {
+        assert_eq!(
+            got.tokens, plain[i].tokens,
+            "k={k} {how} prompt {i}: tokens"
+        );
+        assert_eq!(
+            got.top_logprobs, plain[i].top_logprobs,
+            "k={k} {how} prompt {i}: logprobs"
+        );
+        assert_eq!(got.finish.usage.completion_tokens, N_GEN);
+    };
+    let drafting = |k: usize| {
+        EngineCore::new(model.clone(), tok.clone(), config(k, Some(&draft))).expect("engine")
+    };
+    for k in 1..=4 {
+        let (mut drafted, mut accepted) = (0, 0);
+        for (i, p) in ps.iter().enumerate() {
+            let mut eng = drafting(k);
+            let got = run_batch(&mut eng, vec![request(p, N_GEN)]).remove(0);
+            check(k, i, &got, "alone");
+            drafted += got.finish.usage.draft_tokens;
+            accepted += got.finish.usage.accepted_draft_tokens;
+            assert_eq!(eng.stats().kv_pages_used, 0);
+        }
+        eprintln!("1.5B drafted by 0.5B, k={k} alone: {accepted} of {drafted} drafts accepted");
+        assert!(accepted > 0, "k={k}: no draft was accepted");
+        assert!(k == 1 || accepted < drafted, "k={k}: no draft was rejected");
+    }
+    for k in [2, 3] {
+        let mut eng = drafting(k);
+        let reqs = ps.iter().map(|p| request(p, N_GEN)).collect();
+        let got = run_batch(&mut eng, reqs);
+        for (i, g) in got.iter().enumerate() {
+            check(k, i, g, "batched");
+        }
+        let st = eng.stats();
+        eprintln!(
+            "1.5B drafted by 0.5B, k={k} batched: {} of {} drafts accepted",
+            st.accepted_draft_tokens_total, st.draft_tokens_total
+        );
+        assert!(st.accepted_draft_tokens_total > 0, "{st:?}");
+        assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
+    }
+}
+
+/// A draft model whose vocabulary differs from the model's is refused at start
+/// with an error naming the first differing token.
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let (Some(model), Some(draft)) = (load(MODELS[1].1), load(MODELS[0].1)) else {
+        panic!("the test models are needed (scripts/fetch-models.sh)");
+    };
+    let tok = tokenizer(&model);
+    match EngineCore::new(model, tok, config(2, Some(&draft))) {
+        Err(EngineError::Config(msg)) => {
+            assert!(msg.contains("vocabulary"), "{msg}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a draft model with another vocabulary was accepted"),
+    }
+}
+
+/// The larger real model of the draft pair (`scripts/fetch-models.sh qwen2.5-coder-1.5b`).
+const TARGET_1_5B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";

@@ -19,6 +19,7 @@
 
 mod admission;
 mod checkpoints;
+mod draft;
 mod output;
 mod runner;
 mod state_tier;
@@ -47,6 +48,9 @@ use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 use crate::stream::{RequestStream, Ticket};
 use runner::MaskBuffers;
+
+pub use draft::DraftModel;
+use draft::{DraftJob, Drafter};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -127,6 +131,9 @@ pub struct EngineConfig {
     /// Speculative decoding (see [`crate::spec`]); `None`: off. Not for hybrid
     /// models, whose recurrent state cannot yet be rolled back past rejected drafts.
     pub speculation: Option<SpecConfig>,
+    /// The draft model of [`SpecMode::Draft`] (same vocabulary as the model). Its KV
+    /// takes a share of `kv_budget_bytes`: as many tokens as the model's pages hold.
+    pub draft_model: Option<DraftModel>,
 }
 
 impl Default for EngineConfig {
@@ -149,6 +156,7 @@ impl Default for EngineConfig {
             state_checkpoint_tokens: 2048,
             answer_state_checkpoints: false,
             speculation: None,
+            draft_model: None,
         }
     }
 }
@@ -574,6 +582,8 @@ pub struct EngineCore {
     epoch: std::time::Instant,
     /// Memory of earlier steps' masks, for the next steps' (see [`MaskBuffers`]).
     mask_buffers: MaskBuffers,
+    /// The draft model's runner ([`SpecMode::Draft`]).
+    drafter: Option<Drafter>,
 }
 
 impl EngineCore {
@@ -627,6 +637,33 @@ impl EngineCore {
         let budget = config
             .kv_budget_bytes
             .unwrap_or_else(|| default_kv_budget(&model));
+        // A draft model's KV holds as many tokens as the model's full-attention pages.
+        let (budget, draft_tokens) = match (&config.speculation, &config.draft_model) {
+            (
+                Some(SpecConfig {
+                    mode: SpecMode::Draft,
+                    ..
+                }),
+                Some(d),
+            ) => {
+                d.check_compatible(&model).map_err(EngineError::Config)?;
+                let (t, dt) = (cell_bytes(&groups[0]), Drafter::token_bytes(d));
+                let share = (budget as u128 * dt as u128 / (t + dt) as u128) as usize;
+                (budget - share, share / dt)
+            }
+            (
+                Some(SpecConfig {
+                    mode: SpecMode::Draft,
+                    ..
+                }),
+                None,
+            ) => {
+                return Err(EngineError::Config(
+                    "speculation mode `draft` needs a draft model (--draft-gguf)".into(),
+                ))
+            }
+            _ => (budget, 0),
+        };
         // Each running request of a hybrid model holds a state slot. Where the budget
         // is small (a GPU's free memory), fewer requests run at once rather than the
         // engine failing to start: live states take at most half of the budget.
@@ -663,6 +700,18 @@ impl EngineCore {
         }
         let max_context = config.max_context.unwrap_or(hp.n_ctx_train).max(2);
         let exec = Executor::new(model.device(), config.threads)?;
+        let drafter = match &config.draft_model {
+            Some(d) if draft_tokens > 0 => {
+                let dr = Drafter::new(d, config.threads, draft_tokens, ps)?;
+                tracing::info!(
+                    tokens = draft_tokens,
+                    kv_mib = (draft_tokens * Drafter::token_bytes(d)) >> 20,
+                    "draft model KV reserved"
+                );
+                Some(dr)
+            }
+            _ => None,
+        };
         let cells: Vec<usize> = groups
             .iter()
             .map(|g| match g.kind {
@@ -735,6 +784,7 @@ impl EngineCore {
             token_cost_s: None,
             epoch: std::time::Instant::now(),
             mask_buffers: MaskBuffers::default(),
+            drafter,
         })
     }
 
@@ -1088,6 +1138,8 @@ impl EngineCore {
             .iter()
             .filter(|s| s.n_computed >= s.n_prompt && s.n_computed < s.tokens.len())
             .count();
+        // Requests drafting with the draft model, and how many tokens each.
+        let mut wanted: Vec<(RequestId, usize)> = Vec::new();
         for s in &mut self.running {
             s.draft.clear();
             let Some(depth) = s.spec else {
@@ -1103,9 +1155,35 @@ impl EngineCore {
             // The token this step samples, then at most the drafts that could follow.
             let left = s.max_tokens.saturating_sub(s.usage.completion_tokens + 1);
             let k = depth.now.min(left);
-            s.draft = match cfg.mode {
-                SpecMode::Ngram => propose_ngram(&s.tokens, k),
-            };
+            match cfg.mode {
+                SpecMode::Ngram => s.draft = propose_ngram(&s.tokens, k),
+                SpecMode::Draft if k > 0 => wanted.push((s.id, k)),
+                SpecMode::Draft => {}
+            }
+        }
+        let Some(drafter) = self.drafter.as_mut().filter(|_| !wanted.is_empty()) else {
+            return;
+        };
+        // All requests' drafts come from the same forward passes of the draft model.
+        let running = &self.running;
+        let jobs: Vec<DraftJob<'_>> = wanted
+            .iter()
+            .map(|&(id, k)| DraftJob {
+                id,
+                tokens: &running[running.iter().position(|s| s.id == id).expect("running")].tokens,
+                k,
+            })
+            .collect();
+        match drafter.propose(&jobs) {
+            Ok(drafts) => {
+                drop(jobs);
+                for ((id, _), d) in wanted.into_iter().zip(drafts) {
+                    if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+                        s.draft = d;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "draft model step failed: no drafts this step"),
         }
     }
 
@@ -1151,6 +1229,9 @@ impl EngineCore {
     /// Text still held back is dropped: the request ends without a token of its own
     /// (cancelled, failed or out of memory).
     fn end(&mut self, s: Live, reason: FinishReason) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.free(s.id);
+        }
         if self.cache.contains(s.id) {
             let ps = self.cache.page_size();
             // The exact cells are in this admission's pages once its prompt is computed

@@ -56,7 +56,7 @@ impl MaskBuffers {
 /// window's cells must exist; masked cells change no row's numbers on the CPU
 /// kernels used for such windows, see tempo9_models' attention plan). `masks`: the
 /// sliding limit of the main mask, and of a second, sliding mask.
-fn view(
+pub(super) fn view(
     n_cells: usize,
     ps: usize,
     pages: &[PageId],
