@@ -38,7 +38,7 @@ step() { # name command...
     "$@" || failed+=("$name")
 }
 
-step "build tempo9" cargo build --release -p tempo9
+step "build tempo9" cargo build --release -p tempo9-cli
 if [ -x "$CARGO_TARGET_DIR/release/tempo9" ]; then
     echo "CPU kernel set (target-cpu=$cpu): $("$CARGO_TARGET_DIR/release/tempo9" kernels)"
     # The synthetic models the Qwen3-family fixtures were recorded on (sha256-checked).
