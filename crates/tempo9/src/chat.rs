@@ -81,6 +81,18 @@ impl ChatOptions {
     /// `chat_template_kwargs`, `reasoning_effort`, `speculation`; parsed by the
     /// server's own parsers, with its defaults. Other keys are ignored, as the
     /// server ignores them.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// let o = tempo9::ChatOptions::from_json(&json!({"temperature": 0, "max_tokens": 8}))?;
+    /// assert!(o.sampling.is_greedy() && o.max_tokens == Some(8));
+    /// // Unset fields take the server's defaults: sampling at temperature 0.8.
+    /// let d = tempo9::ChatOptions::from_json(&json!({}))?;
+    /// assert_eq!(d.sampling.temperature, 0.8);
+    /// let bad = tempo9::ChatOptions::from_json(&json!({"temperature": "hot"}));
+    /// assert_eq!(bad.unwrap_err().kind, tempo9::ErrorKind::BadRequest);
+    /// # Ok::<(), tempo9::Error>(())
+    /// ```
     pub fn from_json(v: &Value) -> Result<ChatOptions> {
         let v = match v {
             Value::Null => &json!({}),

@@ -87,7 +87,10 @@ impl Model {
     ) -> Result<ChatStream> {
         let body = serde_json::json!({"messages": messages, "tools": tools});
         let messages = openai::check_messages(&body)?;
-        let tools = openai::chat_tools(&body, FAMILY)?;
+        // Malformed tool shapes are bad requests (the grammar compiler's refusals of
+        // their schemas, later, are invalid schemas).
+        let tools = openai::chat_tools(&body, FAMILY)
+            .map_err(|e| Error::new(K::BadRequest, format!("tools: {}", e.message)))?;
         let grammar = match &options.response_format {
             None => None,
             Some(rf) => {

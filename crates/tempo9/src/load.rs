@@ -62,6 +62,16 @@ impl LoadOptions {
     /// `deterministic`, `chat_template`, `speculation_k`, and `ssd`: `false`
     /// (off), or `{"dir", "budget_bytes", "persist"}`. Absent keys keep the
     /// defaults; unknown keys are refused.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// let o = tempo9::LoadOptions::from_json(&json!({"threads": 4, "ssd": false}))?;
+    /// assert_eq!(o.threads, Some(4));
+    /// assert!(o.ssd.is_none());
+    /// let typo = tempo9::LoadOptions::from_json(&json!({"thread": 4}));
+    /// assert_eq!(typo.unwrap_err().kind, tempo9::ErrorKind::BadRequest);
+    /// # Ok::<(), tempo9::Error>(())
+    /// ```
     pub fn from_json(v: &Value) -> Result<LoadOptions> {
         let bad = |m: String| Error::new(ErrorKind::BadRequest, m);
         let obj = match v {
@@ -181,7 +191,13 @@ fn resolve(source: &str) -> Result<PathBuf> {
     if p.is_file() {
         return Ok(p.to_path_buf());
     }
-    if source.ends_with(".gguf") || source.contains(std::path::MAIN_SEPARATOR) && p.exists() {
+    if p.exists() {
+        return Err(Error::new(
+            ErrorKind::BadFile,
+            format!("{source}: not a model file"),
+        ));
+    }
+    if source.ends_with(".gguf") {
         return Err(Error::new(
             ErrorKind::BadFile,
             format!("{source}: no such model file"),

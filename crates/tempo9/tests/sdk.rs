@@ -36,10 +36,23 @@ fn model_path(name: &str) -> Option<PathBuf> {
     );
 }
 
+fn ssd_dir(test: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tempo9-sdk-{}-{test}", std::process::id()))
+}
+
+/// Removes a test's SSD-tier directory when the test ends.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Small settings for a shared 2-core machine; the SSD tier in a directory of
 /// this test's own.
 fn options(test: &str) -> LoadOptions {
-    let dir = std::env::temp_dir().join(format!("tempo9-sdk-{}-{test}", std::process::id()));
+    let dir = ssd_dir(test);
     LoadOptions {
         threads: Some(2),
         context: Some(4096),
@@ -49,9 +62,11 @@ fn options(test: &str) -> LoadOptions {
     }
 }
 
-fn load(name: &str, test: &str) -> Option<Model> {
+/// The model, and the guard that removes its SSD tier's directory.
+fn load(name: &str, test: &str) -> Option<(Model, Cleanup)> {
     let p = model_path(name)?;
-    Some(Model::load(p.to_str().unwrap(), &options(test)).expect("load"))
+    let model = Model::load(p.to_str().unwrap(), &options(test)).expect("load");
+    Some((model, Cleanup(ssd_dir(test))))
 }
 
 fn user(text: &str) -> Value {
@@ -116,7 +131,7 @@ fn server_answer(name: &str, body: Value) -> Value {
 
 #[test]
 fn greedy_chat_equals_the_servers_answer() {
-    let Some(model) = load(SMOL, "greedy") else {
+    let Some((model, _cleanup)) = load(SMOL, "greedy") else {
         return;
     };
     let messages = [
@@ -158,7 +173,7 @@ fn greedy_chat_equals_the_servers_answer() {
 
 #[test]
 fn streams_blocking_and_async() {
-    let Some(model) = load(SMOL, "stream") else {
+    let Some((model, _cleanup)) = load(SMOL, "stream") else {
         return;
     };
     let messages = [user("Write one sentence about the sea.")];
@@ -225,7 +240,7 @@ fn streams_blocking_and_async() {
 
 #[test]
 fn tool_call_round_trip() {
-    let Some(model) = load(QWEN, "tools") else {
+    let Some((model, _cleanup)) = load(QWEN, "tools") else {
         return;
     };
     let weather = json!({"type": "function", "function": {
@@ -284,7 +299,7 @@ fn wait_for(model: &Model, f: impl Fn(&tempo9::EngineStats) -> bool) -> tempo9::
 
 #[test]
 fn dropping_a_stream_cancels_and_frees_pages() {
-    let Some(model) = load(SMOL, "cancel") else {
+    let Some((model, _cleanup)) = load(SMOL, "cancel") else {
         return;
     };
     let idle = wait_for(&model, |s| s.running == 0);
@@ -310,7 +325,7 @@ fn dropping_a_stream_cancels_and_frees_pages() {
 
 #[test]
 fn two_threads_share_one_model_and_its_prefix_cache() {
-    let Some(model) = load(SMOL, "threads") else {
+    let Some((model, _cleanup)) = load(SMOL, "threads") else {
         return;
     };
     let system = json!({"role": "system", "content": format!(
@@ -374,7 +389,7 @@ fn errors_are_typed() {
             .kind,
         ErrorKind::BadRequest
     );
-    let Some(model) = load(SMOL, "errors") else {
+    let Some((model, _cleanup)) = load(SMOL, "errors") else {
         return;
     };
     let long = "hello ".repeat(5000);
@@ -395,6 +410,15 @@ fn errors_are_typed() {
         .chat(
             &[json!({"role": "wizard", "content": "hi"})],
             &[],
+            &ChatOptions::greedy(8),
+        )
+        .err()
+        .unwrap();
+    assert_eq!(e.kind, ErrorKind::BadRequest, "{e}");
+    let e = model
+        .chat(
+            &[user("hi")],
+            &[json!({"type": "function"})],
             &ChatOptions::greedy(8),
         )
         .err()
