@@ -38,10 +38,17 @@ fn lib_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-/// Builds the C example, linked with the static library `cargo test` just built
-/// (`deps/libtempo9_c.a`: the shared one is made by `cargo build`, not by
-/// `cargo test`) and ggml's shared libraries; its path.
+/// The C example, built once for the tests of this run (they run in parallel:
+/// a second build over the file one of them runs would fail its exec).
 fn build_example() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(compile_example).clone()
+}
+
+/// Compiles the C example, linked with the static library `cargo test` just
+/// built (`deps/libtempo9_c.a`: the shared one is made by `cargo build`, not by
+/// `cargo test`) and ggml's shared libraries; its path.
+fn compile_example() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = lib_dir();
     let archive = lib.join("deps/libtempo9_c.a");
