@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs build dependencies, fetches the test models, then runs
-# every test (release profile: ggml is compiled once, and model tests run fast),
-# then the end-to-end server tests (tests/e2e: the real `tempo9` server on the real
+# every test (release profile: ggml is compiled once, and model tests run fast;
+# among them crates/tempo9-c/tests/c_example.rs, which compiles and runs the SDK's C
+# example), the Python SDK's wheel and tests (scripts/python-sdk.sh), then the
+# end-to-end server tests (tests/e2e: the real `tempo9` server on the real
 # small models, driven by the official openai, anthropic and ollama Python clients).
 #
 # Every part runs to the end even when an earlier one fails; a summary of what
@@ -40,7 +42,7 @@ step() { # name command...
     "$@" || failed+=("$name")
 }
 
-step "build tempo9" cargo build --release -p tempo9
+step "build tempo9" cargo build --release -p tempo9-cli
 if [ -x "$CARGO_TARGET_DIR/release/tempo9" ]; then
     echo "CPU kernel set (target-cpu=$cpu): $("$CARGO_TARGET_DIR/release/tempo9" kernels)"
     # The synthetic models the Qwen3-family fixtures were recorded on (sha256-checked).
@@ -49,6 +51,8 @@ fi
 step "cargo test (workspace)" cargo test --release --workspace --no-fail-fast "$@" -- --skip parity_
 step "cargo test parity" cargo test --release -p tempo9-engine --test parity --no-fail-fast \
     -- --nocapture --test-threads 1
+# The Python SDK: maturin builds the wheel, pip installs it, pytest runs its tests.
+step "python sdk (maturin, pytest)" bash scripts/python-sdk.sh
 # Idempotent: pip skips what is already installed.
 python3 -m pip install -q --disable-pip-version-check openai anthropic ollama pytest httpx jsonschema
 if [ -x "$CARGO_TARGET_DIR/release/tempo9" ]; then

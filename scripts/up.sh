@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bash scripts/fetch-models.sh smollm2
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tempo9/target}"
-cargo build --release -p tempo9
+cargo build --release -p tempo9-cli
 exec "$CARGO_TARGET_DIR/release/tempo9" serve \
   --gguf "${TEMPO9_MODELS:-$HOME/.cache/tempo9/models}/smollm2-135m-instruct-q4_1.gguf" "$@"

@@ -38,7 +38,7 @@ class Server:
         if not os.path.exists(self.model_file):
             pytest.fail("model %s missing (run scripts/fetch-models.sh)" % self.model_file)
         if not os.access(binary(), os.X_OK):
-            pytest.fail("tempo9 binary %s missing (cargo build --release -p tempo9)" % binary())
+            pytest.fail("tempo9 binary %s missing (cargo build --release -p tempo9-cli)" % binary())
         self.port = free_port()
         self.base = "http://127.0.0.1:%d" % self.port
         self.name = os.path.splitext(model)[0]

@@ -3,7 +3,7 @@
 //! the file differs; with `TEMPO9_WRITE_CLI_REFERENCE=1` it writes the file instead:
 //!
 //! ```sh
-//! TEMPO9_WRITE_CLI_REFERENCE=1 cargo test --release -p tempo9 --test cli_reference
+//! TEMPO9_WRITE_CLI_REFERENCE=1 cargo test --release -p tempo9-cli --test cli_reference
 //! ```
 //!
 //! The help is taken with the environment variables it can show (`TEMPO9_*`, which
@@ -28,7 +28,7 @@ const COMMANDS: &[Option<&str>] = &[
 
 const ENV_VAR: &str = "TEMPO9_WRITE_CLI_REFERENCE";
 const REGENERATE: &str =
-    "TEMPO9_WRITE_CLI_REFERENCE=1 cargo test --release -p tempo9 --test cli_reference";
+    "TEMPO9_WRITE_CLI_REFERENCE=1 cargo test --release -p tempo9-cli --test cli_reference";
 
 /// `tempo9 [CMD] --help`, normalised.
 fn help(cmd: Option<&str>) -> String {

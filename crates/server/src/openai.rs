@@ -279,7 +279,7 @@ pub fn tool_choice(v: &Value, family: Family) -> Result<ToolChoice, ApiError> {
 }
 
 /// Checks message shapes before the template sees them.
-fn check_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
+pub fn check_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
     let msgs = v
         .get("messages")
         .and_then(Value::as_array)

@@ -1,0 +1,167 @@
+//! The SDK's overhead, measured (JSON on stdout):
+//! - `ttft`: time to the first answer text of a greedy chat in process, and, with
+//!   `--http URL` (a running `tempo9 serve` of the same model and settings, which
+//!   has served nothing else), of the same request streamed over HTTP;
+//! - `tg`: then single-stream decode through [`Model::complete`], as `tempo9
+//!   bench` measures it (one prompt token, then N tokens one step each, EOG
+//!   ignored), each rep paired with the same run on an `EngineCore` stepped in
+//!   this thread as `tempo9 bench` does, on a second copy of the model (MODEL must
+//!   be a file path here).
+//!
+//! `cargo run --release -p tempo9 --example bench -- MODEL [--tg 128] [--reps 3]
+//!  [--threads N] [--http http://127.0.0.1:11435]`
+
+use std::io::{BufRead, BufReader, Write};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use tempo9::{ChatOptions, CompleteOptions, CompletionEvent, Event, LoadOptions, Model};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let source = args.next().ok_or("usage: bench MODEL [options]")?;
+    let (mut tg, mut reps, mut threads, mut http) = (128usize, 3usize, None, None);
+    while let Some(a) = args.next() {
+        let v = args.next().ok_or(format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--tg" => tg = v.parse()?,
+            "--reps" => reps = v.parse()?,
+            "--threads" => threads = Some(v.parse()?),
+            "--http" => http = Some(v),
+            _ => return Err(format!("unknown option {a}").into()),
+        }
+    }
+    let model = Model::load(
+        &source,
+        &LoadOptions {
+            threads,
+            ..LoadOptions::default()
+        },
+    )?;
+    let mut ttft_sdk = Vec::new();
+    let mut ttft_http = Vec::new();
+    // One untimed request each way first (first-use costs: page faults, thread wake-ups).
+    let sdk = |q: &str| -> Result<Option<f64>, Box<dyn std::error::Error>> {
+        let messages = [json!({"role": "user", "content": q})];
+        let t0 = Instant::now();
+        let mut s = model.chat(&messages, &[], &ChatOptions::greedy(8))?;
+        let first = s.any(|e| matches!(e, Event::Text(ref t) if !t.is_empty()));
+        Ok(first.then(|| t0.elapsed().as_secs_f64() * 1e3))
+    };
+    sdk("Warm-up: name a color.")?;
+    if let Some(url) = &http {
+        http_ttft(url, "Warm-up: name a color.")?;
+    }
+    for r in 0..reps {
+        // A new question each time, so neither side serves it from its prefix
+        // cache; the same question both ways (two engines with the same history);
+        // the order alternates between reps.
+        let q = format!("Question {r}: name a color.");
+        let http_first = r % 2 == 1;
+        if let (true, Some(url)) = (http_first, &http) {
+            ttft_http.push(http_ttft(url, &q)?);
+        }
+        ttft_sdk.extend(sdk(&q)?);
+        if let (false, Some(url)) = (http_first, &http) {
+            ttft_http.push(http_ttft(url, &q)?);
+        }
+    }
+    // Decode after the latency runs, so both engines had the same history then;
+    // each rep runs `tempo9 bench`'s loop (an EngineCore stepped on this thread, no
+    // engine thread, no channels) and then the SDK's, so load on a shared machine
+    // hits both alike.
+    let path = std::path::Path::new(&source);
+    let direct = tempo9_models::Model::load(
+        path,
+        tempo9_models::LoadOptions::new(tempo9_ggml::Device::cpu()),
+    )?;
+    let tok = std::sync::Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(direct.gguf())?);
+    let mut core = tempo9_engine::EngineCore::new(
+        std::sync::Arc::new(direct),
+        tok,
+        tempo9_engine::EngineConfig {
+            threads: threads.unwrap_or_else(tempo9_engine::default_threads),
+            ..tempo9_engine::EngineConfig::default()
+        },
+    )?;
+    let vocab = model.tokenize("a b c d e f g h");
+    let (mut rates, mut core_rates) = (Vec::new(), Vec::new());
+    for r in 0..=reps {
+        let prompt = [vocab[r % vocab.len()]];
+        let mut req = tempo9_engine::Request::new(prompt.to_vec(), tg);
+        req.stop.eog = false;
+        let t0 = Instant::now();
+        let stream = core.submit(req)?;
+        core.run_until_idle()?;
+        drop(stream);
+        let core_rate = tg as f64 / t0.elapsed().as_secs_f64();
+        let opts = CompleteOptions {
+            max_tokens: tg,
+            stop_at_eog: false,
+            ..CompleteOptions::default()
+        };
+        let t0 = Instant::now();
+        let n = model
+            .complete(&prompt, &opts)?
+            .filter(|e| matches!(e, CompletionEvent::Token(_)))
+            .count();
+        let rate = n as f64 / t0.elapsed().as_secs_f64();
+        // The first rep warms both up (first use of every kernel and buffer).
+        if r > 0 {
+            core_rates.push(core_rate);
+            rates.push(rate);
+        }
+    }
+    let ratios: Vec<f64> = rates.iter().zip(&core_rates).map(|(s, c)| s / c).collect();
+    println!(
+        "{}",
+        json!({
+            "model": source,
+            "tg": {"n_tokens": tg, "sdk_tok_s": rates, "core_tok_s": core_rates,
+                   "sdk_over_core": ratios, "median_ratio": median(&ratios)},
+            "ttft_ms": {"sdk": ttft_sdk, "http": ttft_http,
+                        "sdk_median": median(&ttft_sdk), "http_median": median(&ttft_http)},
+        })
+    );
+    Ok(())
+}
+
+/// Milliseconds from connecting to the first streamed answer text of a greedy
+/// chat completion at `url` (plain HTTP/1.1 on a socket: no client library's
+/// own overhead).
+fn http_ttft(url: &str, question: &str) -> Result<f64, Box<dyn std::error::Error>> {
+    let host = url.trim_start_matches("http://").trim_end_matches('/');
+    let body = json!({"messages": [{"role": "user", "content": question}],
+                      "temperature": 0, "max_tokens": 8, "stream": true})
+    .to_string();
+    let t0 = Instant::now();
+    let mut s = std::net::TcpStream::connect(host)?;
+    s.set_nodelay(true)?;
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    for line in BufReader::new(s).lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if v["choices"][0]["delta"]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())
+        {
+            return Ok(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Err("the stream ended without text".into())
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    (!s.is_empty()).then(|| s[s.len() / 2])
+}
