@@ -2,6 +2,7 @@
 //! tokenization, mapping parameters to an engine [`Request`], and turning the
 //! engine's events into parsed output ([`GenEvent`]s) for the adapters.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,6 +10,8 @@ use serde_json::{json, Value};
 use tempo9_engine::{
     Event, FinishReason, Request, RequestStream, SamplingParams, StopConditions, SubmitError, Usage,
 };
+
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::tools::{think, Piece, ThinkParser, ToolCall, ToolFormat, ToolParser};
@@ -261,7 +264,55 @@ fn clean_system(messages: &mut Vec<Value>, prefixes: &[String]) {
     });
 }
 
+/// Set when a request's client went away while its prompt was being prepared:
+/// [`AppState::prepare_tools`] then stops at its next stage.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Whether the client went away.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn check(&self, family: Family) -> Result<(), ApiError> {
+        if self.is_set() {
+            Err(ApiError::bad(family, "the client went away"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Sets its [`Cancel`] when dropped (with the handler of a client that left).
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0 .0.store(true, Ordering::Relaxed);
+    }
+}
+
 impl AppState {
+    /// Runs `f` (rendering, tokenizing: CPU-bound) on a blocking thread,
+    /// holding `slot` until it is done, so a client that leaves does not free
+    /// its slot while work for it still runs; `f` sees a [`Cancel`] set when
+    /// the caller's future is dropped (the client went away).
+    pub async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        family: Family,
+        slot: OwnedSemaphorePermit,
+        f: impl FnOnce(&AppState, &Cancel) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<(T, OwnedSemaphorePermit), ApiError> {
+        let cancel = Cancel::default();
+        let _guard = CancelOnDrop(cancel.clone());
+        let st = self.clone();
+        let (r, slot) = tokio::task::spawn_blocking(move || (f(&st, &cancel), slot))
+            .await
+            .map_err(|e| ApiError::new(family, ErrorKind::Internal, e.to_string()))?;
+        Ok((r?, slot))
+    }
+
     /// Renders and tokenizes a prompt and fixes the output budget; parallel
     /// tool calls allowed. CPU-bound: call it off the async runtime.
     pub fn prepare(
@@ -279,9 +330,28 @@ impl AppState {
         &self,
         family: Family,
         prompt: Prompt,
-        mut params: GenParams,
+        params: GenParams,
         parallel_tool_calls: bool,
     ) -> Result<Prepared, ApiError> {
+        self.prepare_cancellable(
+            family,
+            prompt,
+            params,
+            parallel_tool_calls,
+            &Cancel::default(),
+        )
+    }
+
+    /// [`Self::prepare_tools`], stopping between stages once `cancel` is set.
+    pub fn prepare_cancellable(
+        &self,
+        family: Family,
+        prompt: Prompt,
+        mut params: GenParams,
+        parallel_tool_calls: bool,
+        cancel: &Cancel,
+    ) -> Result<Prepared, ApiError> {
+        cancel.check(family)?;
         let Rendered {
             tokens,
             forced_prefix,
@@ -307,7 +377,13 @@ impl AppState {
         }
         let room = ctx - tokens.len();
         let cap = self.config.max_tokens.unwrap_or(usize::MAX);
-        let max_tokens = params.max_tokens.unwrap_or(usize::MAX).min(room).min(cap);
+        // A request naming no limit must not hold its slot and KV pages for a
+        // whole context of output (a looping small model would).
+        let max_tokens = params
+            .max_tokens
+            .unwrap_or(crate::DEFAULT_OUTPUT_TOKENS)
+            .min(room)
+            .min(cap);
         if params.max_tokens == Some(0) {
             return Err(ApiError::bad_param(
                 family,
@@ -336,6 +412,7 @@ impl AppState {
                 tool_grammar = true;
             }
         }
+        cancel.check(family)?;
         let constraint = match &params.grammar {
             None => None,
             Some(g) => {
