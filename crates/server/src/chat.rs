@@ -360,7 +360,7 @@ impl AppState {
             format,
             choice,
             reasoning,
-        } = self.render(family, prompt, params.grammar.is_some())?;
+        } = self.render(family, prompt, params.grammar.is_some(), cancel)?;
         if tokens.is_empty() {
             return Err(ApiError::bad(family, "the prompt is empty"));
         }
@@ -460,7 +460,7 @@ impl AppState {
         family: Family,
         prompt: Prompt,
     ) -> Result<(Vec<u32>, Option<String>, bool, Vec<Value>), ApiError> {
-        let r = self.render(family, prompt, false)?;
+        let r = self.render(family, prompt, false, &Cancel::default())?;
         Ok((r.tokens, r.forced_prefix, r.parse_calls, r.tools))
     }
 
@@ -470,6 +470,7 @@ impl AppState {
         family: Family,
         prompt: Prompt,
         constrained: bool,
+        cancel: &Cancel,
     ) -> Result<Rendered, ApiError> {
         let tok = self.engine.tokenizer();
         let plain = |tokens| Rendered {
@@ -548,7 +549,10 @@ impl AppState {
                     text.push_str(f);
                 }
                 tracing::debug!(prompt = %text, "rendered chat prompt");
-                let ids = tok.encode(&text, true, true);
+                cancel.check(family)?;
+                // Message text stays text: only the template's markup becomes
+                // control tokens (no role spoofing).
+                let ids = tok.encode_prompt(&text, true);
                 Rendered {
                     tokens: ids,
                     forced_prefix: forced,
