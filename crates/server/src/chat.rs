@@ -662,7 +662,7 @@ pub fn submit_error(family: Family, e: SubmitError) -> ApiError {
         SubmitError::QueueFull { .. } => ErrorKind::QueueFull,
         SubmitError::PromptTooLong { .. } => ErrorKind::ContextOverflow,
         SubmitError::BadRequest(_) => ErrorKind::BadRequest,
-        SubmitError::Stopped => ErrorKind::Internal,
+        SubmitError::Stopped => ErrorKind::Unavailable,
     };
     ApiError::new(family, kind, e.to_string())
 }

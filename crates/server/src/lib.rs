@@ -581,7 +581,17 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
     resp
 }
 
+/// `GET /health`: 200 `ok` while the engine serves; 503 `error` with the
+/// reason once its thread died (a bug), so supervisors restart the server.
 async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(why) = st.engine.failure() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "error", "model": st.config.model_name,
+                              "error": format!("the engine failed: {why}")})),
+        )
+            .into_response();
+    }
     let s = st.engine.stats();
     axum::Json(json!({"status": "ok", "model": st.config.model_name,
                       "waiting": s.waiting, "running": s.running}))

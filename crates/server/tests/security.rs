@@ -270,7 +270,7 @@ async fn hold_slot(addr: &str) -> TcpStream {
     let body = r#"{"messages":[{"role":"user","content":"Tell a long story."}],"max_tokens":2000,"stream":true,"temperature":0}"#;
     let mut s = TcpStream::connect(addr).await.unwrap();
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
@@ -397,4 +397,47 @@ async fn connections_beyond_the_cap_wait() {
     drop(idle1);
     let a = read_answer(&mut s).await;
     assert_eq!(a.status, 200, "{a:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_panic_fails_its_requests_and_health() {
+    let Some(model) = model() else { return };
+    let tok = Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(model.gguf()).expect("tokenizer"));
+    let cfg = EngineConfig {
+        threads: 2,
+        kv_budget_bytes: Some(64 << 20),
+        max_context: Some(4096),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(model, tok, cfg).expect("engine");
+    let state = Arc::new(AppState::new(engine.clone(), ServerConfig::default()).expect("state"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(serve_on(listener, state, std::future::pending()));
+    let get = "GET /health HTTP/1.1\r\nHost: 127.0.0.1";
+    assert_eq!(raw(&addr, get, "").await.status, 200);
+    let mut held = hold_slot(&addr).await;
+    engine.inject_panic();
+    // The running stream ends, with an error.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), held.read_to_end(&mut rest))
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("error"), "{rest}");
+    let h = raw(&addr, get, "").await;
+    assert_eq!(h.status, 503, "{h:?}");
+    assert!(
+        h.body.contains("\"status\":\"error\"") && h.body.contains("injected engine panic"),
+        "{}",
+        h.body
+    );
+    let a = raw(
+        &addr,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json",
+        CHAT,
+    )
+    .await;
+    assert_eq!(a.status, 503, "{a:?}");
 }
