@@ -857,7 +857,9 @@ impl Generation {
                     FinishReason::Error(e) => Stop::Error(e),
                     FinishReason::StopToken(_) | FinishReason::ConstraintDone => Stop::EndTurn,
                     FinishReason::ConstraintDeadEnd(e) => {
-                        tracing::warn!(reason = %e, "grammar dead end");
+                        // The reason may quote the output: only at debug level.
+                        tracing::warn!("grammar dead end");
+                        tracing::debug!(reason = %e, "grammar dead end");
                         Stop::GrammarDeadEnd(e)
                     }
                 };
