@@ -270,6 +270,11 @@ fn clean_system(messages: &mut Vec<Value>, prefixes: &[String]) {
 pub struct Cancel(Arc<AtomicBool>);
 
 impl Cancel {
+    /// Marks the client gone.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
     /// Whether the client went away.
     pub fn is_set(&self) -> bool {
         self.0.load(Ordering::Relaxed)
@@ -289,7 +294,7 @@ struct CancelOnDrop(Cancel);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        self.0 .0.store(true, Ordering::Relaxed);
+        self.0.set();
     }
 }
 

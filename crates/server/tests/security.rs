@@ -441,3 +441,59 @@ async fn an_engine_panic_fails_its_requests_and_health() {
     .await;
     assert_eq!(a.status, 503, "{a:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preparing_stops_when_the_client_is_gone_and_keeps_its_slot_until_then() {
+    use tempo9_server::chat::{Cancel, GenParams, Prompt};
+    use tempo9_server::error::Family;
+    let Some(model) = model() else { return };
+    let tok = Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(model.gguf()).expect("tokenizer"));
+    let engine = Engine::start(model, tok, EngineConfig::default()).expect("engine");
+    let cfg = ServerConfig {
+        max_concurrent: 1,
+        ..ServerConfig::default()
+    };
+    let st = Arc::new(AppState::new(engine, cfg).expect("state"));
+    // A preparation that runs until its client is gone.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let slot = st.slot(Family::OpenAi).unwrap();
+    let work = st.blocking(Family::OpenAi, slot, move |_, cancel| {
+        let t0 = Instant::now();
+        while !cancel.is_set() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        tx.send(cancel.is_set()).unwrap();
+        Ok(())
+    });
+    // The handler's future is dropped, as when the client disconnects.
+    assert!(tokio::time::timeout(Duration::from_millis(200), work)
+        .await
+        .is_err());
+    // The slot stays taken while the blocking work still runs…
+    assert!(st.slot(Family::OpenAi).is_err());
+    let seen = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the work ends");
+    assert!(seen, "the work never saw its client leave");
+    // …and comes back when it ends.
+    let t0 = Instant::now();
+    while st.slot(Family::OpenAi).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // `prepare` stops at its first stage once cancelled.
+    let cancel = Cancel::default();
+    cancel.set();
+    let prompt = Prompt::Chat {
+        messages: vec![serde_json::json!({"role": "user", "content": "Hi"})],
+        tools: Vec::new(),
+        tool_choice: tempo9_server::chat::ToolChoice::Auto,
+        template: Default::default(),
+    };
+    let e = st
+        .prepare_cancellable(Family::OpenAi, prompt, GenParams::default(), true, &cancel)
+        .err()
+        .expect("cancelled");
+    assert!(e.message.contains("went away"), "{}", e.message);
+}
