@@ -89,6 +89,15 @@ impl EngineHandle {
     /// request, the stream ends (`None`) without an [`crate::Event::Finished`].
     pub fn submit(&self, req: Request) -> Result<RequestStream, SubmitError> {
         let sh = &self.shared;
+        // A failed engine refuses at once (its thread may still be dropping its core).
+        if sh
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return Err(SubmitError::Stopped);
+        }
         sh.limits.check(&req, sh.queued.load(Ordering::Relaxed))?;
         sh.queued.fetch_add(1, Ordering::Relaxed);
         // The stream is made here, so a submitter never waits for the engine thread
