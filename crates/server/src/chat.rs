@@ -382,13 +382,7 @@ impl AppState {
         }
         let room = ctx - tokens.len();
         let cap = self.config.max_tokens.unwrap_or(usize::MAX);
-        // A request naming no limit must not hold its slot and KV pages for a
-        // whole context of output (a looping small model would).
-        let max_tokens = params
-            .max_tokens
-            .unwrap_or(crate::DEFAULT_OUTPUT_TOKENS)
-            .min(room)
-            .min(cap);
+        let max_tokens = output_budget(params.max_tokens, room, cap);
         if params.max_tokens == Some(0) {
             return Err(ApiError::bad_param(
                 family,
@@ -659,6 +653,17 @@ impl AppState {
             status,
         })
     }
+}
+
+/// The most tokens a request may generate: what it asked for, else
+/// [`crate::DEFAULT_OUTPUT_TOKENS`] (a request naming no limit must not hold
+/// its slot and KV pages for a whole context of output, as a looping small
+/// model would), within the context left (`room`) and `--max-tokens` (`cap`).
+pub fn output_budget(requested: Option<usize>, room: usize, cap: usize) -> usize {
+    requested
+        .unwrap_or(crate::DEFAULT_OUTPUT_TOKENS)
+        .min(room)
+        .min(cap)
 }
 
 /// Maps an engine refusal to an API error.
@@ -990,6 +995,19 @@ pub fn unix_time() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_budget_is_bounded_without_max_tokens() {
+        let d = crate::DEFAULT_OUTPUT_TOKENS;
+        // No limit asked: the default, not the whole context.
+        assert_eq!(output_budget(None, 1_000_000, usize::MAX), d);
+        assert_eq!(output_budget(None, 100, usize::MAX), 100);
+        assert_eq!(output_budget(None, 1_000_000, 50), 50);
+        // An explicit limit is honoured above the default, within room and cap.
+        assert_eq!(output_budget(Some(d * 2), 1_000_000, usize::MAX), d * 2);
+        assert_eq!(output_budget(Some(d * 2), 1000, usize::MAX), 1000);
+        assert_eq!(output_budget(Some(10), 1000, 5), 5);
+    }
 
     #[test]
     fn tool_prompt_goes_into_the_system_message() {
