@@ -33,7 +33,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, model, extra):
+    def __init__(self, model, extra, env=None):
         self.model_file = os.path.join(MODELS, model)
         if not os.path.exists(self.model_file):
             pytest.fail("model %s missing (run scripts/fetch-models.sh)" % self.model_file)
@@ -46,7 +46,7 @@ class Server:
         self.log = open(self.log_path, "w")
         cmd = [binary(), "--gguf", self.model_file, "--host", "127.0.0.1", "--port", str(self.port),
                "--ctx", "4096", "--kv-budget", "256M"] + extra
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 180
         while time.time() < deadline:
             if self.proc.poll() is not None:

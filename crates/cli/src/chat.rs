@@ -127,7 +127,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             messages.push(json!({"role": "user", "content": p}));
             s.template.render(&messages, None, true)?
         };
-        let ids = s.tok.encode(&text, true, !a.raw);
+        let ids = if a.raw {
+            s.tok.encode(&text, true, false)
+        } else {
+            s.tok.encode_prompt(&text, true)
+        };
         s.answer(ids)?;
         println!();
         return Ok(());
@@ -147,7 +151,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             messages.push(json!({"role": "user", "content": line}));
             s.template.render(&messages, None, true)?
         };
-        let ids = s.tok.encode(&text, true, !a.raw);
+        let ids = if a.raw {
+            s.tok.encode(&text, true, false)
+        } else {
+            s.tok.encode_prompt(&text, true)
+        };
         let answer = s.answer(ids)?;
         if !a.raw {
             messages.push(json!({"role": "assistant", "content": answer}));

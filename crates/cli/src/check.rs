@@ -199,7 +199,7 @@ fn chat_prompts(model: &Model, tok: &Tokenizer, n: usize) -> Result<Vec<Vec<u32>
         .map(|q| {
             let msg = json!({"role": "user", "content": q});
             let text = template.render(&[msg], None, true)?;
-            Ok(tok.encode(&text, true, true))
+            Ok(tok.encode_prompt(&text, true))
         })
         .collect()
 }

@@ -23,13 +23,28 @@ pub struct ServeArgs {
     #[arg(long = "model", value_name = "NAME[:TAG]")]
     pub ollama_model: Option<String>,
     /// Address to listen on (loopback by default; `0.0.0.0` for every interface).
+    /// Requests are answered only when their `Host` header is an IP address,
+    /// `localhost`, this value, or a name given with `--allowed-host` (403
+    /// otherwise: DNS-rebinding protection).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     pub host: String,
+    /// Also answer requests whose `Host` header names NAME (repeatable), e.g.
+    /// the machine's DNS name when serving on `0.0.0.0`; `*` accepts any name
+    /// (only behind a proxy that checks it).
+    #[arg(long, value_name = "NAME")]
+    pub allowed_host: Vec<String>,
+    /// Let web pages of this origin (`http://host:port`) call the API from a
+    /// browser (CORS; repeatable; `*` for any). Off by default: requests
+    /// carrying a foreign `Origin` are refused (403) and preflights fail.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
     /// Port to listen on (Ollama uses 11434; Tempo9 sits next to it).
     #[arg(long, value_name = "PORT", default_value_t = 11435)]
     pub port: u16,
-    /// Require this key from clients (`Authorization: Bearer KEY` or `x-api-key: KEY`);
-    /// `/health` and the status page `/` stay open (`/v1/status` needs the key).
+    /// Require this key from clients (`Authorization: Bearer KEY` or `x-api-key: KEY`,
+    /// compared in constant time); `/health` and the status page `/` stay open
+    /// (`/v1/status` needs the key). Prefer the `TEMPO9_API_KEY` environment
+    /// variable: a flag's value is visible to every user in `ps`.
     #[arg(
         long,
         value_name = "KEY",
@@ -54,15 +69,27 @@ pub struct ServeArgs {
     /// Largest request body, e.g. `32M` (413 above).
     #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = parse_bytes)]
     pub max_body: usize,
-    /// Cap on tokens generated per request (default: up to the context limit).
+    /// Cap on tokens generated per request, whatever it asks for (default: the
+    /// context limit; a request that names no limit gets at most 16384).
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<usize>,
-    /// Most generation requests in flight in the server (503 above).
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    /// Most generation requests in flight in the server, from reading their
+    /// body to their last token (429, Anthropic 529, with `Retry-After`, above).
+    #[arg(long, value_name = "N", default_value_t = tempo9_server::DEFAULT_MAX_CONCURRENT)]
     pub max_concurrent: usize,
-    /// Most requests waiting in the engine's queue (429, or 503 for Ollama, above).
+    /// Most requests waiting in the engine's queue (429, Anthropic 529, above).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_waiting: usize,
+    /// Most open client connections; more wait to be accepted.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's head; also how long an idle
+    /// keep-alive connection stays open.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body (408 after).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub body_timeout: u64,
     /// Drop system-prompt lines starting with this text before templating, so
     /// per-request values there do not defeat prefix caching (repeatable; the
     /// default covers Claude Code's billing header).
@@ -185,6 +212,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         digest,
         chat_template,
         status_prompts: a.status_prompts,
+        access: tempo9_server::access::AccessConfig {
+            allowed_hosts: a.allowed_host,
+            cors_origins: a.cors_origin,
+        },
+        body_timeout: std::time::Duration::from_secs(a.body_timeout.max(1)),
+        header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
+        max_connections: a.max_connections.max(1),
     };
     let state = Arc::new(AppState::new(handle, config)?.with_path(PathBuf::from(&gguf)));
     let rt = tokio::runtime::Builder::new_multi_thread()

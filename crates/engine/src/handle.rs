@@ -23,6 +23,8 @@ enum Command {
     /// Stop: end the loop and drop the core (which flushes and, if persistent,
     /// saves the SSD tier), then acknowledge.
     Shutdown(mpsc::SyncSender<()>),
+    /// Fault injection (tests): the next step panics, as a bug in it would.
+    Panic,
 }
 
 /// Starts engines.
@@ -44,6 +46,7 @@ impl Engine {
             next_id: AtomicU64::new(0),
             stats: Mutex::new(core.stats()),
             requests: Mutex::new(Vec::new()),
+            failure: Mutex::new(None),
             model,
             tokenizer,
         });
@@ -66,6 +69,8 @@ struct Shared {
     stats: Mutex<EngineStats>,
     /// The requests the engine holds, as of the last step.
     requests: Mutex<Vec<RequestProgress>>,
+    /// Why the engine thread died (a panic), once it has.
+    failure: Mutex<Option<String>>,
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
 }
@@ -84,6 +89,15 @@ impl EngineHandle {
     /// request, the stream ends (`None`) without an [`crate::Event::Finished`].
     pub fn submit(&self, req: Request) -> Result<RequestStream, SubmitError> {
         let sh = &self.shared;
+        // A failed engine refuses at once (its thread may still be dropping its core).
+        if sh
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return Err(SubmitError::Stopped);
+        }
         sh.limits.check(&req, sh.queued.load(Ordering::Relaxed))?;
         sh.queued.fetch_add(1, Ordering::Relaxed);
         // The stream is made here, so a submitter never waits for the engine thread
@@ -117,6 +131,23 @@ impl EngineHandle {
         }
     }
 
+    /// Why the engine stopped serving, when a bug (a panic in a step) ended
+    /// its thread: every request it held was ended, later ones are refused.
+    pub fn failure(&self) -> Option<String> {
+        self.shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Makes the engine's next step panic, as a bug in it would (tests of the
+    /// failure path: requests end with an error, [`Self::failure`] reports it).
+    #[doc(hidden)]
+    pub fn inject_panic(&self) {
+        let _ = self.tx.send(Command::Panic);
+    }
+
     /// Counters as of the last step.
     pub fn stats(&self) -> EngineStats {
         *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner())
@@ -148,7 +179,43 @@ impl EngineHandle {
     }
 }
 
+/// A panic's message.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs the engine; a panic in a step (a bug) ends the thread cleanly instead
+/// of leaving a dead engine behind a live server: the failure is recorded for
+/// [`EngineHandle::failure`] (`/health`) first, then dropping the core ends
+/// every request it held (their streams close, so their clients get an error).
 fn engine_loop(mut core: EngineCore, rx: Receiver<Command>, shared: Arc<Shared>) {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    match catch_unwind(AssertUnwindSafe(|| run_loop(&mut core, &rx, &shared))) {
+        Ok(Some(ack)) => {
+            drop(core);
+            let _ = ack.send(());
+        }
+        Ok(None) => {}
+        Err(p) => {
+            let msg = panic_message(p.as_ref());
+            tracing::error!(panic = %msg, "the engine thread panicked; its requests were ended and it serves no more");
+            *shared.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
+            // Dropping a core left mid-step may panic again: contained too.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(core)));
+        }
+    }
+}
+
+/// Steps while there is work; returns the acknowledgement channel of a
+/// shutdown, or `None` when every handle is gone.
+fn run_loop(
+    core: &mut EngineCore,
+    rx: &Receiver<Command>,
+    shared: &Shared,
+) -> Option<mpsc::SyncSender<()>> {
     let publish = |core: &EngineCore| {
         *shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = core.stats();
         *shared.requests.lock().unwrap_or_else(|e| e.into_inner()) = core.requests();
@@ -162,31 +229,28 @@ fn engine_loop(mut core: EngineCore, rx: Receiver<Command>, shared: Arc<Shared>)
         }
         Command::Wake => None,
         Command::Shutdown(ack) => Some(ack),
-    };
-    let stop = |core: EngineCore, ack: mpsc::SyncSender<()>| {
-        drop(core);
-        let _ = ack.send(());
+        Command::Panic => panic!("injected engine panic (test)"),
     };
     loop {
         if !core.has_work() {
-            publish(&core);
+            publish(core);
             match rx.recv() {
                 Ok(cmd) => {
-                    if let Some(ack) = handle(&mut core, cmd) {
-                        return stop(core, ack);
+                    if let Some(ack) = handle(core, cmd) {
+                        return Some(ack);
                     }
                 }
-                Err(_) => return,
+                Err(_) => return None,
             }
         }
         while let Ok(cmd) = rx.try_recv() {
-            if let Some(ack) = handle(&mut core, cmd) {
-                return stop(core, ack);
+            if let Some(ack) = handle(core, cmd) {
+                return Some(ack);
             }
         }
         if let Err(e) = core.step() {
             tracing::error!(error = %e, "engine step failed; its requests were ended");
         }
-        publish(&core);
+        publish(core);
     }
 }

@@ -14,7 +14,7 @@ use tempo9_engine::Usage;
 use crate::chat::{random_id, GenEvent, GenParams, Prompt, Stop, TemplateOptions, ToolChoice};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{num, sampling, stop_strings, uint};
-use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState};
+use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState, GenSlot};
 
 const F: Family = Family::Anthropic;
 
@@ -373,6 +373,7 @@ fn content_blocks(c: &crate::chat::Collected, parallel: bool) -> Vec<Value> {
 /// `POST /v1/messages`.
 pub async fn messages(
     State(st): State<Arc<AppState>>,
+    GenSlot(slot): GenSlot,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
@@ -400,11 +401,11 @@ pub async fn messages(
         .as_str()
         .map(str::to_string)
         .unwrap_or_else(|| st.config.model_name.clone());
-    let slot = st.slot(F)?;
-    let st2 = st.clone();
-    let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
-        .await
-        .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let (prepared, slot) = st
+        .blocking(F, slot, move |st, c| {
+            st.prepare_cancellable(F, prompt, params, true, c)
+        })
+        .await?;
     let prompt_tokens = prepared.tokens.len();
     let mut gen = st.start(F, prepared, received).await?;
     let id = format!("msg_{}", random_id(24));
@@ -481,17 +482,20 @@ pub async fn messages(
 /// `POST /v1/messages/count_tokens`: the prompt's token count as rendered.
 pub async fn count_tokens(
     State(st): State<Arc<AppState>>,
+    GenSlot(slot): GenSlot,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
         let v = parse_body(F, body)?;
         st.check_model(F, v["model"].as_str())?;
         let (prompt, _) = prompt_of(&v)?;
-        let st2 = st.clone();
-        // Counting must not fail on the context limit: render and tokenize only.
-        let n = tokio::task::spawn_blocking(move || st2.tokenize(F, prompt).map(|t| t.0.len()))
-            .await
-            .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+        // Counting must not fail on the context limit: render and tokenize
+        // only; within the generation slot, as rendering costs as much.
+        let (n, _slot) = st
+            .blocking(F, slot, move |st, _| {
+                st.tokenize(F, prompt).map(|t| t.0.len())
+            })
+            .await?;
         Ok::<_, ApiError>(axum::Json(json!({"input_tokens": n})).into_response())
     }
     .await;

@@ -2,6 +2,7 @@
 //! tokenization, mapping parameters to an engine [`Request`], and turning the
 //! engine's events into parsed output ([`GenEvent`]s) for the adapters.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,6 +10,8 @@ use serde_json::{json, Value};
 use tempo9_engine::{
     Event, FinishReason, Request, RequestStream, SamplingParams, StopConditions, SubmitError, Usage,
 };
+
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::tools::{think, Piece, ThinkParser, ToolCall, ToolFormat, ToolParser};
@@ -261,7 +264,60 @@ fn clean_system(messages: &mut Vec<Value>, prefixes: &[String]) {
     });
 }
 
+/// Set when a request's client went away while its prompt was being prepared:
+/// [`AppState::prepare_tools`] then stops at its next stage.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Marks the client gone.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the client went away.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn check(&self, family: Family) -> Result<(), ApiError> {
+        if self.is_set() {
+            Err(ApiError::bad(family, "the client went away"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Sets its [`Cancel`] when dropped (with the handler of a client that left).
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.set();
+    }
+}
+
 impl AppState {
+    /// Runs `f` (rendering, tokenizing: CPU-bound) on a blocking thread,
+    /// holding `slot` until it is done, so a client that leaves does not free
+    /// its slot while work for it still runs; `f` sees a [`Cancel`] set when
+    /// the caller's future is dropped (the client went away).
+    pub async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        family: Family,
+        slot: OwnedSemaphorePermit,
+        f: impl FnOnce(&AppState, &Cancel) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<(T, OwnedSemaphorePermit), ApiError> {
+        let cancel = Cancel::default();
+        let _guard = CancelOnDrop(cancel.clone());
+        let st = self.clone();
+        let (r, slot) = tokio::task::spawn_blocking(move || (f(&st, &cancel), slot))
+            .await
+            .map_err(|e| ApiError::new(family, ErrorKind::Internal, e.to_string()))?;
+        Ok((r?, slot))
+    }
+
     /// Renders and tokenizes a prompt and fixes the output budget; parallel
     /// tool calls allowed. CPU-bound: call it off the async runtime.
     pub fn prepare(
@@ -279,9 +335,28 @@ impl AppState {
         &self,
         family: Family,
         prompt: Prompt,
-        mut params: GenParams,
+        params: GenParams,
         parallel_tool_calls: bool,
     ) -> Result<Prepared, ApiError> {
+        self.prepare_cancellable(
+            family,
+            prompt,
+            params,
+            parallel_tool_calls,
+            &Cancel::default(),
+        )
+    }
+
+    /// [`Self::prepare_tools`], stopping between stages once `cancel` is set.
+    pub fn prepare_cancellable(
+        &self,
+        family: Family,
+        prompt: Prompt,
+        mut params: GenParams,
+        parallel_tool_calls: bool,
+        cancel: &Cancel,
+    ) -> Result<Prepared, ApiError> {
+        cancel.check(family)?;
         let Rendered {
             tokens,
             forced_prefix,
@@ -290,7 +365,7 @@ impl AppState {
             format,
             choice,
             reasoning,
-        } = self.render(family, prompt, params.grammar.is_some())?;
+        } = self.render(family, prompt, params.grammar.is_some(), cancel)?;
         if tokens.is_empty() {
             return Err(ApiError::bad(family, "the prompt is empty"));
         }
@@ -307,7 +382,7 @@ impl AppState {
         }
         let room = ctx - tokens.len();
         let cap = self.config.max_tokens.unwrap_or(usize::MAX);
-        let max_tokens = params.max_tokens.unwrap_or(usize::MAX).min(room).min(cap);
+        let max_tokens = output_budget(params.max_tokens, room, cap);
         if params.max_tokens == Some(0) {
             return Err(ApiError::bad_param(
                 family,
@@ -336,6 +411,7 @@ impl AppState {
                 tool_grammar = true;
             }
         }
+        cancel.check(family)?;
         let constraint = match &params.grammar {
             None => None,
             Some(g) => {
@@ -383,7 +459,7 @@ impl AppState {
         family: Family,
         prompt: Prompt,
     ) -> Result<(Vec<u32>, Option<String>, bool, Vec<Value>), ApiError> {
-        let r = self.render(family, prompt, false)?;
+        let r = self.render(family, prompt, false, &Cancel::default())?;
         Ok((r.tokens, r.forced_prefix, r.parse_calls, r.tools))
     }
 
@@ -393,6 +469,7 @@ impl AppState {
         family: Family,
         prompt: Prompt,
         constrained: bool,
+        cancel: &Cancel,
     ) -> Result<Rendered, ApiError> {
         let tok = self.engine.tokenizer();
         let plain = |tokens| Rendered {
@@ -471,7 +548,10 @@ impl AppState {
                     text.push_str(f);
                 }
                 tracing::debug!(prompt = %text, "rendered chat prompt");
-                let ids = tok.encode(&text, true, true);
+                cancel.check(family)?;
+                // Message text stays text: only the template's markup becomes
+                // control tokens (no role spoofing).
+                let ids = tok.encode_prompt(&text, true);
                 Rendered {
                     tokens: ids,
                     forced_prefix: forced,
@@ -575,13 +655,24 @@ impl AppState {
     }
 }
 
+/// The most tokens a request may generate: what it asked for, else
+/// [`crate::DEFAULT_OUTPUT_TOKENS`] (a request naming no limit must not hold
+/// its slot and KV pages for a whole context of output, as a looping small
+/// model would), within the context left (`room`) and `--max-tokens` (`cap`).
+pub fn output_budget(requested: Option<usize>, room: usize, cap: usize) -> usize {
+    requested
+        .unwrap_or(crate::DEFAULT_OUTPUT_TOKENS)
+        .min(room)
+        .min(cap)
+}
+
 /// Maps an engine refusal to an API error.
 pub fn submit_error(family: Family, e: SubmitError) -> ApiError {
     let kind = match e {
         SubmitError::QueueFull { .. } => ErrorKind::QueueFull,
         SubmitError::PromptTooLong { .. } => ErrorKind::ContextOverflow,
         SubmitError::BadRequest(_) => ErrorKind::BadRequest,
-        SubmitError::Stopped => ErrorKind::Internal,
+        SubmitError::Stopped => ErrorKind::Unavailable,
     };
     ApiError::new(family, kind, e.to_string())
 }
@@ -776,7 +867,9 @@ impl Generation {
                     FinishReason::Error(e) => Stop::Error(e),
                     FinishReason::StopToken(_) | FinishReason::ConstraintDone => Stop::EndTurn,
                     FinishReason::ConstraintDeadEnd(e) => {
-                        tracing::warn!(reason = %e, "grammar dead end");
+                        // The reason may quote the output: only at debug level.
+                        tracing::warn!("grammar dead end");
+                        tracing::debug!(reason = %e, "grammar dead end");
                         Stop::GrammarDeadEnd(e)
                     }
                 };
@@ -902,6 +995,19 @@ pub fn unix_time() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_budget_is_bounded_without_max_tokens() {
+        let d = crate::DEFAULT_OUTPUT_TOKENS;
+        // No limit asked: the default, not the whole context.
+        assert_eq!(output_budget(None, 1_000_000, usize::MAX), d);
+        assert_eq!(output_budget(None, 100, usize::MAX), 100);
+        assert_eq!(output_budget(None, 1_000_000, 50), 50);
+        // An explicit limit is honoured above the default, within room and cap.
+        assert_eq!(output_budget(Some(d * 2), 1_000_000, usize::MAX), d * 2);
+        assert_eq!(output_budget(Some(d * 2), 1000, usize::MAX), 1000);
+        assert_eq!(output_budget(Some(10), 1000, 5), 5);
+    }
 
     #[test]
     fn tool_prompt_goes_into_the_system_message() {

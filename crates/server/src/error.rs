@@ -4,6 +4,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+/// Seconds an overloaded server asks clients to wait (`Retry-After`).
+pub const RETRY_AFTER_SECS: &str = "1";
+
 /// Which API family a route belongs to (decides the error shape).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -37,14 +40,24 @@ pub enum ErrorKind {
     ContextOverflow,
     /// Missing or wrong API key (401).
     Unauthorized,
+    /// Refused by the access checks: foreign `Host` or `Origin` (403).
+    Forbidden,
     /// Unknown model or route (404).
     NotFound,
+    /// The client sent its request too slowly (408).
+    Timeout,
     /// Body larger than the limit (413).
     TooLarge,
-    /// The engine's queue is full (429; 503 for Ollama).
+    /// A body not declared as JSON (415).
+    UnsupportedMediaType,
+    /// The engine's queue is full (429; Anthropic: 529 `overloaded_error`),
+    /// with `Retry-After`.
     QueueFull,
-    /// Too many requests in flight in the server (503).
+    /// Too many requests in flight in the server (429; Anthropic: 529
+    /// `overloaded_error`), with `Retry-After`.
     Overloaded,
+    /// The engine failed and serves no more (503).
+    Unavailable,
     /// The engine failed (500).
     Internal,
 }
@@ -90,11 +103,17 @@ impl ApiError {
         match (self.kind, self.family) {
             (ErrorKind::BadRequest | ErrorKind::ContextOverflow, _) => StatusCode::BAD_REQUEST,
             (ErrorKind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
+            (ErrorKind::Forbidden, _) => StatusCode::FORBIDDEN,
             (ErrorKind::NotFound, _) => StatusCode::NOT_FOUND,
+            (ErrorKind::Timeout, _) => StatusCode::REQUEST_TIMEOUT,
             (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
-            (ErrorKind::QueueFull, Family::Ollama) => StatusCode::SERVICE_UNAVAILABLE,
-            (ErrorKind::QueueFull, _) => StatusCode::TOO_MANY_REQUESTS,
-            (ErrorKind::Overloaded, _) => StatusCode::SERVICE_UNAVAILABLE,
+            (ErrorKind::UnsupportedMediaType, _) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            // Anthropic's "overloaded" status, which its SDKs retry.
+            (ErrorKind::QueueFull | ErrorKind::Overloaded, Family::Anthropic) => {
+                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+            }
+            (ErrorKind::QueueFull | ErrorKind::Overloaded, _) => StatusCode::TOO_MANY_REQUESTS,
+            (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -109,10 +128,16 @@ impl ApiError {
                         ("invalid_request_error", json!("context_length_exceeded"))
                     }
                     ErrorKind::Unauthorized => ("authentication_error", json!("invalid_api_key")),
+                    ErrorKind::Forbidden => ("permission_error", json!("forbidden")),
                     ErrorKind::NotFound => ("invalid_request_error", json!("model_not_found")),
+                    ErrorKind::Timeout => ("invalid_request_error", json!("request_timeout")),
                     ErrorKind::TooLarge => ("invalid_request_error", json!("request_too_large")),
+                    ErrorKind::UnsupportedMediaType => {
+                        ("invalid_request_error", json!("unsupported_media_type"))
+                    }
                     ErrorKind::QueueFull => ("rate_limit_error", json!("rate_limit_exceeded")),
-                    ErrorKind::Overloaded => ("server_error", json!("server_overloaded")),
+                    ErrorKind::Overloaded => ("rate_limit_error", json!("server_overloaded")),
+                    ErrorKind::Unavailable => ("server_error", json!("engine_failed")),
                     ErrorKind::Internal => ("server_error", Value::Null),
                 };
                 json!({"error": {"message": self.message, "type": ty,
@@ -122,11 +147,13 @@ impl ApiError {
                 let ty = match self.kind {
                     ErrorKind::BadRequest | ErrorKind::ContextOverflow => "invalid_request_error",
                     ErrorKind::Unauthorized => "authentication_error",
+                    ErrorKind::Forbidden => "permission_error",
                     ErrorKind::NotFound => "not_found_error",
+                    ErrorKind::Timeout => "timeout_error",
                     ErrorKind::TooLarge => "request_too_large",
-                    ErrorKind::QueueFull => "rate_limit_error",
-                    ErrorKind::Overloaded => "overloaded_error",
-                    ErrorKind::Internal => "api_error",
+                    ErrorKind::UnsupportedMediaType => "invalid_request_error",
+                    ErrorKind::QueueFull | ErrorKind::Overloaded => "overloaded_error",
+                    ErrorKind::Unavailable | ErrorKind::Internal => "api_error",
                 };
                 json!({"type": "error", "error": {"type": ty, "message": self.message}})
             }
@@ -138,7 +165,19 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         tracing::info!(status = self.status().as_u16(), message = %self.message, "API error");
-        (self.status(), axum::Json(self.body())).into_response()
+        let mut r = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(
+            self.kind,
+            ErrorKind::QueueFull | ErrorKind::Overloaded | ErrorKind::Unavailable
+        ) {
+            // Clients (the OpenAI and Anthropic SDKs among them) wait this long
+            // before retrying.
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        r
     }
 }
 
@@ -162,8 +201,16 @@ mod tests {
         assert_eq!(e.body()["type"], "error");
         assert_eq!(e.body()["error"]["type"], "authentication_error");
         let e = ApiError::new(Family::Ollama, ErrorKind::QueueFull, "busy");
-        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(e.body(), json!({"error": "busy"}));
+        let e = ApiError::new(Family::Anthropic, ErrorKind::Overloaded, "busy");
+        assert_eq!(e.status().as_u16(), 529);
+        assert_eq!(e.body()["error"]["type"], "overloaded_error");
+        let r = e.into_response();
+        assert_eq!(
+            r.headers()[axum::http::header::RETRY_AFTER],
+            RETRY_AFTER_SECS
+        );
         let e = ApiError::new(Family::OpenAi, ErrorKind::QueueFull, "busy");
         assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(

@@ -11,9 +11,11 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod anthropic;
 pub mod chat;
 pub mod error;
+mod listen;
 pub mod metrics;
 pub mod ollama;
 pub mod ollama_store;
@@ -23,7 +25,6 @@ pub mod status;
 pub mod tools;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,7 +32,7 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -43,8 +44,20 @@ use tempo9_tokenizer::ChatTemplate;
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::error::{ApiError, ErrorKind, Family};
+pub use crate::listen::{serve, serve_on, shutdown_signal, SHUTDOWN_GRACE};
 use crate::metrics::Metrics;
 use crate::tools::ToolFormat;
+
+/// Default of `--max-concurrent`: generation requests in flight (rendering,
+/// waiting in the engine's queue or running) before the server answers 429
+/// (Anthropic: 529). Twice the engine's default running batch (64): enough to
+/// keep the batch full, few enough that a flood is refused instead of queued
+/// for minutes.
+pub const DEFAULT_MAX_CONCURRENT: usize = 128;
+
+/// Output budget of a request that names none (`max_tokens` absent): a bound
+/// instead of the whole context, below `--max-tokens` and the context left.
+pub const DEFAULT_OUTPUT_TOKENS: usize = 16384;
 
 /// Server settings (the `tempo9 serve` flags).
 #[derive(Debug, Clone)]
@@ -63,9 +76,10 @@ pub struct ServerConfig {
     pub any_model: bool,
     /// Largest request body in bytes (413 above).
     pub max_body_bytes: usize,
-    /// Cap on generated tokens per request (`None`: the context limit).
+    /// Cap on generated tokens per request (`None`: the context limit; a
+    /// request naming no limit gets [`DEFAULT_OUTPUT_TOKENS`] at most).
     pub max_tokens: Option<usize>,
-    /// Most generation requests in flight in the server (503 above).
+    /// Most generation requests in flight in the server (429 / 529 above).
     pub max_concurrent: usize,
     /// System-prompt lines starting with one of these are removed (per-request
     /// volatile text that would defeat prefix caching).
@@ -77,6 +91,15 @@ pub struct ServerConfig {
     /// Show the start of each request's prompt on the status page
     /// (`/v1/status`); off by default, since prompts may be private.
     pub status_prompts: bool,
+    /// Accepted `Host` names and CORS origins (see [`access`]).
+    pub access: access::AccessConfig,
+    /// Time a client has to send its request body (408 after).
+    pub body_timeout: std::time::Duration,
+    /// Time a client has to send its request head, and the longest a
+    /// keep-alive connection may sit idle between requests.
+    pub header_timeout: std::time::Duration,
+    /// Most open client connections; further ones wait to be accepted.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -90,11 +113,15 @@ impl Default for ServerConfig {
             any_model: false,
             max_body_bytes: 32 << 20,
             max_tokens: None,
-            max_concurrent: 256,
+            max_concurrent: DEFAULT_MAX_CONCURRENT,
             volatile_prefixes: vec!["x-anthropic-billing-header:".into()],
             digest: None,
             chat_template: None,
             status_prompts: false,
+            access: access::AccessConfig::default(),
+            body_timeout: std::time::Duration::from_secs(60),
+            header_timeout: std::time::Duration::from_secs(30),
+            max_connections: 512,
         }
     }
 }
@@ -300,7 +327,8 @@ impl AppState {
         }
     }
 
-    /// A slot for one generation request, or 503 when the server is at its limit.
+    /// A slot for one generation request, or 429 (Anthropic: 529) when the
+    /// server is at its limit.
     pub fn slot(&self, family: Family) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
         self.slots.clone().try_acquire_owned().map_err(|_| {
             ApiError::new(
@@ -410,8 +438,53 @@ fn open_path(path: &str) -> bool {
     path == "/health" || path == "/"
 }
 
-/// Checks the API key (except on [`open_path`]s), counts answers per route, and
-/// runs the handler with its [`status::ClientInfo`] (for the status page).
+/// Routes whose requests render a prompt: they take a generation slot
+/// ([`GenSlot`]) before their body is even read.
+fn generation_route(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/responses"
+            | "/v1/messages"
+            | "/v1/messages/count_tokens"
+            | "/api/chat"
+            | "/api/generate"
+    )
+}
+
+/// A generation slot taken by [`guard`] before the request body is read; the
+/// handler takes it over with the [`GenSlot`] extractor.
+#[derive(Clone)]
+struct SlotCell(Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
+
+/// The generation slot of a request (one of `--max-concurrent`): held until its
+/// answer is complete, so it bounds the requests being parsed, rendered,
+/// queued and generated together.
+pub struct GenSlot(pub tokio::sync::OwnedSemaphorePermit);
+
+impl axum::extract::FromRequestParts<Arc<AppState>> for GenSlot {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        let taken = parts
+            .extensions
+            .remove::<SlotCell>()
+            .and_then(|c| c.0.lock().unwrap_or_else(|e| e.into_inner()).take());
+        match taken {
+            Some(p) => Ok(GenSlot(p)),
+            None => st.slot(Family::from_path(parts.uri.path())).map(GenSlot),
+        }
+    }
+}
+
+/// Refuses what [`access`] refuses, checks the API key (except on
+/// [`open_path`]s), takes a generation slot and reads the body within
+/// `--body-timeout`, counts answers per route, and runs the handler with its
+/// [`status::ClientInfo`] (for the status page).
 async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let route = req
@@ -419,44 +492,107 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
+    let family = Family::from_path(&path);
+    let refuse = |status: u16, e: ApiError| {
+        st.metrics.http(&route, status);
+        e.into_response()
+    };
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let access = &st.config.access;
+    if access::is_preflight(req.method(), req.headers()) {
+        let headers = access::cors_headers(origin.as_ref(), Some(req.headers()), access);
+        if headers.is_empty() {
+            let o = origin.as_ref().and_then(|o| o.to_str().ok()).unwrap_or("");
+            let msg = access::Refusal::Origin(o.to_string()).message();
+            return refuse(403, ApiError::new(family, ErrorKind::Forbidden, msg));
+        }
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        r.headers_mut().extend(headers);
+        return r;
+    }
+    if let Err(refusal) = access::check(req.method(), req.headers(), &st.config.host, access) {
+        let kind = match refusal {
+            access::Refusal::ContentType(_) => ErrorKind::UnsupportedMediaType,
+            _ => ErrorKind::Forbidden,
+        };
+        let e = ApiError::new(family, kind, refusal.message());
+        return refuse(e.status().as_u16(), e);
+    }
     if let Some(key) = &st.config.api_key {
-        if !open_path(&path) && !authorized(req.headers(), key) {
-            st.metrics.http(&route, 401);
-            return ApiError::new(
-                Family::from_path(&path),
+        if !open_path(&path) && !access::authorized(req.headers(), key) {
+            let e = ApiError::new(
+                family,
                 ErrorKind::Unauthorized,
                 "invalid or missing API key",
-            )
-            .into_response();
+            );
+            return refuse(401, e);
         }
+    }
+    let mut req = req;
+    if req.method() == axum::http::Method::POST && generation_route(&path) {
+        match st.slot(family) {
+            Ok(p) => {
+                req.extensions_mut()
+                    .insert(SlotCell(Arc::new(std::sync::Mutex::new(Some(p)))));
+            }
+            Err(e) => return refuse(e.status().as_u16(), e),
+        }
+    }
+    if req.method() == axum::http::Method::POST {
+        let (parts, body) = req.into_parts();
+        let limit = st.config.max_body_bytes;
+        let read = tokio::time::timeout(
+            st.config.body_timeout,
+            axum::body::to_bytes(body, limit.saturating_add(1)),
+        )
+        .await;
+        let bytes = match read {
+            Err(_) => {
+                let e = ApiError::new(
+                    family,
+                    ErrorKind::Timeout,
+                    format!(
+                        "the request body did not arrive within {} s",
+                        st.config.body_timeout.as_secs()
+                    ),
+                );
+                return refuse(408, e);
+            }
+            Ok(Err(_)) => {
+                let e = ApiError::new(family, ErrorKind::TooLarge, "request body too large");
+                return refuse(413, e);
+            }
+            Ok(Ok(b)) if b.len() > limit => {
+                let e = ApiError::new(family, ErrorKind::TooLarge, "request body too large");
+                return refuse(413, e);
+            }
+            Ok(Ok(b)) => b,
+        };
+        req = Request::from_parts(parts, Body::from(bytes));
     }
     let method = req.method().clone();
     let t0 = std::time::Instant::now();
     let client = status::ClientInfo::from_request(&path, req.headers());
-    let resp = client.scope(next.run(req)).await;
+    let mut resp = client.scope(next.run(req)).await;
+    resp.headers_mut()
+        .extend(access::cors_headers(origin.as_ref(), None, access));
     tracing::info!(%method, path = %path, status = resp.status().as_u16(),
         ms = t0.elapsed().as_millis() as u64, "http");
     st.metrics.http(&route, resp.status().as_u16());
     resp
 }
 
-fn authorized(h: &HeaderMap, key: &str) -> bool {
-    let bearer = h
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    let x_key = h
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim);
-    bearer == Some(key) || x_key == Some(key)
-}
-
+/// `GET /health`: 200 `ok` while the engine serves; 503 `error` with the
+/// reason once its thread died (a bug), so supervisors restart the server.
 async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(why) = st.engine.failure() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "error", "model": st.config.model_name,
+                              "error": format!("the engine failed: {why}")})),
+        )
+            .into_response();
+    }
     let s = st.engine.stats();
     axum::Json(json!({"status": "ok", "model": st.config.model_name,
                       "waiting": s.waiting, "running": s.running}))
@@ -938,69 +1074,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until Ctrl-C / SIGTERM.
-pub async fn serve(state: Arc<AppState>) -> anyhow::Result<()> {
-    let addr: SocketAddr = format!("{}:{}", state.config.host, state.config.port)
-        .parse()
-        .or_else(|_| {
-            std::net::ToSocketAddrs::to_socket_addrs(&(
-                state.config.host.as_str(),
-                state.config.port,
-            ))
-            .map_err(anyhow::Error::from)
-            .and_then(|mut a| a.next().ok_or_else(|| anyhow::anyhow!("no address")))
-        })?;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(
-        "serving {} on http://{} ({} tool calls)",
-        state.config.model_name,
-        listener.local_addr()?,
-        format!("{:?}", state.tool_format)
-    );
-    eprintln!(
-        "tempo9: serving {} on http://{}",
-        state.config.model_name,
-        listener.local_addr()?
-    );
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown())
-        .await?;
-    Ok(())
-}
-
-async fn shutdown() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn auth_accepts_bearer_and_x_api_key() {
-        let mut h = HeaderMap::new();
-        assert!(!authorized(&h, "k"));
-        h.insert(header::AUTHORIZATION, "Bearer k".parse().unwrap());
-        assert!(authorized(&h, "k"));
-        assert!(!authorized(&h, "other"));
-        let mut h = HeaderMap::new();
-        h.insert("x-api-key", "k".parse().unwrap());
-        assert!(authorized(&h, "k"));
-    }
 
     #[test]
     fn names_file_types() {

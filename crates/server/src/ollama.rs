@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::chat::{GenEvent, GenParams, Prompt, Stop, TemplateOptions, ToolChoice};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{chat_tools, sampling, stop_strings};
-use crate::{parse_body, streaming, AppState};
+use crate::{parse_body, streaming, AppState, GenSlot};
 
 const F: Family = Family::Ollama;
 
@@ -182,6 +182,7 @@ async fn run(
     prompt: Prompt,
     chat: bool,
     received: Instant,
+    slot: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<Response, ApiError> {
     let params = params_of(&v)?;
     let stream = v["stream"].as_bool().unwrap_or(true);
@@ -189,11 +190,11 @@ async fn run(
         .as_str()
         .map(str::to_string)
         .unwrap_or_else(|| st.config.model_name.clone());
-    let slot = st.slot(F)?;
-    let st2 = st.clone();
-    let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
-        .await
-        .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let (prepared, slot) = st
+        .blocking(F, slot, move |st, c| {
+            st.prepare_cancellable(F, prompt, params, true, c)
+        })
+        .await?;
     let mut gen = st.start(F, prepared, received).await?;
     let mut timing = Timing {
         received,
@@ -331,6 +332,7 @@ fn template_options(v: &Value) -> Result<TemplateOptions, ApiError> {
 /// `POST /api/chat`.
 pub async fn chat(
     State(st): State<Arc<AppState>>,
+    GenSlot(slot): GenSlot,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let received = Instant::now();
@@ -348,7 +350,7 @@ pub async fn chat(
             tool_choice: ToolChoice::Auto,
             template: template_options(&v)?,
         };
-        run(st.clone(), v, prompt, true, received).await
+        run(st.clone(), v, prompt, true, received, slot).await
     }
     .await;
     r.unwrap_or_else(|e| e.into_response())
@@ -357,6 +359,7 @@ pub async fn chat(
 /// `POST /api/generate`.
 pub async fn generate(
     State(st): State<Arc<AppState>>,
+    GenSlot(slot): GenSlot,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let received = Instant::now();
@@ -386,7 +389,7 @@ pub async fn generate(
                 template: template_options(&v)?,
             }
         };
-        run(st.clone(), v, prompt, false, received).await
+        run(st.clone(), v, prompt, false, received, slot).await
     }
     .await;
     r.unwrap_or_else(|e| e.into_response())

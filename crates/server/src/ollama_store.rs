@@ -14,6 +14,8 @@ const DEFAULT_HOST: &str = "registry.ollama.ai";
 const DEFAULT_NAMESPACE: &str = "library";
 const DEFAULT_TAG: &str = "latest";
 const MODEL_MEDIA_TYPE: &str = "application/vnd.ollama.image.model";
+/// Longest host, namespace, name or tag.
+const MAX_PART_LEN: usize = 128;
 
 /// A model found in the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,10 +80,12 @@ fn parse_name(name: &str) -> Result<[String; 4], StoreError> {
         [h, n, m] => (*h, *n, *m),
         _ => return Err(bad()),
     };
+    // Each part becomes a path component: no separators, no `.`/`..`, no
+    // leading dot or dash, a length a file system takes.
     let ok = |s: &str| {
         !s.is_empty()
-            && s != "."
-            && s != ".."
+            && s.len() <= MAX_PART_LEN
+            && !s.starts_with(['.', '-'])
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || "._-:".contains(c))
     };
@@ -121,7 +125,7 @@ pub fn resolve(root: &Path, name: &str) -> Result<OllamaModel, StoreError> {
     let blob = |digest: &str| -> Result<PathBuf, StoreError> {
         let hex = digest
             .strip_prefix("sha256:")
-            .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
+            .filter(|h| h.len() == 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
             .ok_or_else(|| bad(format!("bad digest '{digest}'")))?;
         Ok(root.join("blobs").join(format!("sha256-{hex}")))
     };
@@ -171,7 +175,7 @@ mod tests {
                 {"mediaType": "application/vnd.ollama.image.model",
                  "digest": format!("sha256:{digest_hex}"), "size": 4},
                 {"mediaType": "application/vnd.ollama.image.template",
-                 "digest": "sha256:abcd", "size": 3}
+                 "digest": format!("sha256:{}", hex("abcd")), "size": 3}
             ]
         });
         std::fs::write(m.join(dir[dir.len() - 1]), manifest.to_string()).unwrap();
@@ -183,7 +187,16 @@ mod tests {
             )
             .unwrap();
         }
-        std::fs::write(root.join("blobs").join("sha256-abcd"), "{{ .Prompt }}").unwrap();
+        std::fs::write(
+            root.join("blobs").join(format!("sha256-{}", hex("abcd"))),
+            "{{ .Prompt }}",
+        )
+        .unwrap();
+    }
+
+    /// A 64-digit digest ending in `tail`.
+    fn hex(tail: &str) -> String {
+        format!("{tail:0>64}")
     }
 
     fn tmp(name: &str) -> PathBuf {
@@ -198,32 +211,37 @@ mod tests {
         fake_store(
             &root,
             &["registry.ollama.ai", "library", "qwen2.5-coder", "0.5b"],
-            "11aa",
+            &hex("11aa"),
             true,
         );
         fake_store(
             &root,
             &["registry.ollama.ai", "library", "smollm2", "latest"],
-            "22bb",
+            &hex("22bb"),
             true,
         );
         fake_store(
             &root,
             &["registry.ollama.ai", "me", "tiny", "q4"],
-            "33cc",
+            &hex("33cc"),
             true,
         );
-        fake_store(&root, &["hf.co", "org", "repo", "Q4_K_M"], "44dd", true);
+        fake_store(
+            &root,
+            &["hf.co", "org", "repo", "Q4_K_M"],
+            &hex("44dd"),
+            true,
+        );
 
         let m = resolve(&root, "qwen2.5-coder:0.5b").unwrap();
-        assert_eq!(m.gguf, root.join("blobs/sha256-11aa"));
+        assert_eq!(m.gguf, root.join(format!("blobs/sha256-{}", hex("11aa"))));
         assert_eq!(m.name, "qwen2.5-coder:0.5b");
-        assert_eq!(m.digest, "sha256:11aa");
+        assert_eq!(m.digest, format!("sha256:{}", hex("11aa")));
         assert_eq!(m.template.as_deref(), Some("{{ .Prompt }}"));
         assert_eq!(resolve(&root, "smollm2").unwrap().name, "smollm2:latest");
         assert_eq!(
             resolve(&root, "me/tiny:q4").unwrap().gguf,
-            root.join("blobs/sha256-33cc")
+            root.join(format!("blobs/sha256-{}", hex("33cc")))
         );
         assert_eq!(
             resolve(&root, "hf.co/org/repo:Q4_K_M").unwrap().name,
@@ -238,7 +256,7 @@ mod tests {
         fake_store(
             &root,
             &["registry.ollama.ai", "library", "noblob", "latest"],
-            "55ee",
+            &hex("55ee"),
             false,
         );
         assert!(matches!(
@@ -249,11 +267,60 @@ mod tests {
             resolve(&root, "noblob"),
             Err(StoreError::BadManifest { .. })
         ));
-        for bad in ["../etc:passwd", "a/b/c/d", "", "x:..", "a b"] {
+        for bad in [
+            "../etc:passwd",
+            "a/b/c/d",
+            "",
+            "x:..",
+            "a b",
+            "..",
+            "registry.ollama.ai/../x",
+            "/etc/passwd",
+            "a/../../b:c",
+            "a\\..\\b",
+            "%2e%2e/x",
+            ".hidden",
+            "-rf",
+            "x:.",
+            "name:tag/../../x",
+            "a\0b",
+        ] {
             assert!(
                 matches!(resolve(&root, bad), Err(StoreError::InvalidName(_))),
                 "{bad}"
             );
+        }
+        let long = "a".repeat(MAX_PART_LEN + 1);
+        assert!(matches!(
+            resolve(&root, &long),
+            Err(StoreError::InvalidName(_))
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn manifest_digests_cannot_escape_the_blob_directory() {
+        let root = tmp("digests");
+        let dir = root.join("manifests/registry.ollama.ai/library/evil");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(root.join("blobs")).unwrap();
+        std::fs::write(root.join("secret"), "GGUF").unwrap();
+        for digest in [
+            "sha256:../secret",
+            "sha256:",
+            "sha256:abc",
+            "md5:00",
+            "../../secret",
+        ] {
+            let m = serde_json::json!({"layers": [
+                {"mediaType": "application/vnd.ollama.image.model", "digest": digest}]});
+            std::fs::write(dir.join("latest"), m.to_string()).unwrap();
+            match resolve(&root, "evil") {
+                Err(StoreError::BadManifest { why, .. }) => {
+                    assert!(why.contains("bad digest"), "{digest}: {why}")
+                }
+                other => panic!("{digest}: {other:?}"),
+            }
         }
         let _ = std::fs::remove_dir_all(&root);
     }

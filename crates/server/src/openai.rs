@@ -15,7 +15,7 @@ use crate::chat::{
     random_id, unix_time, GenEvent, GenParams, Prompt, Stop, TemplateOptions, ToolChoice,
 };
 use crate::error::{ApiError, ErrorKind, Family};
-use crate::{parse_body, sse_data, streaming, AppState};
+use crate::{parse_body, sse_data, streaming, AppState, GenSlot};
 
 const F: Family = Family::OpenAi;
 
@@ -353,6 +353,7 @@ fn tool_call_json(index: Option<usize>, call: &crate::tools::ToolCall) -> Value 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
+    GenSlot(slot): GenSlot,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
@@ -389,18 +390,17 @@ pub async fn chat_completions(
         no_speculation: boolean(&v, "speculation", F)? == Some(false),
     };
     let model = st.config.model_name.clone();
-    let slot = st.slot(F)?;
     let prompt = Prompt::Chat {
         messages,
         tools,
         tool_choice: choice,
         template: template_options(&v, F)?,
     };
-    let st2 = st.clone();
-    let prepared =
-        tokio::task::spawn_blocking(move || st2.prepare_tools(F, prompt, params, parallel))
-            .await
-            .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let (prepared, slot) = st
+        .blocking(F, slot, move |st, c| {
+            st.prepare_cancellable(F, prompt, params, parallel, c)
+        })
+        .await?;
     let mut gen = st.start(F, prepared, received).await?;
     let id = format!("chatcmpl-{}", random_id(29));
     let created = unix_time();
@@ -544,6 +544,7 @@ pub fn response_format(
 /// `POST /v1/completions` (legacy text completions).
 pub async fn completions(
     State(st): State<Arc<AppState>>,
+    GenSlot(slot): GenSlot,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
@@ -601,11 +602,11 @@ pub async fn completions(
         no_speculation: boolean(&v, "speculation", F)? == Some(false),
     };
     let model = st.config.model_name.clone();
-    let slot = st.slot(F)?;
-    let st2 = st.clone();
-    let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
-        .await
-        .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let (prepared, slot) = st
+        .blocking(F, slot, move |st, c| {
+            st.prepare_cancellable(F, prompt, params, true, c)
+        })
+        .await?;
     let mut gen = st.start(F, prepared, received).await?;
     let id = format!("cmpl-{}", random_id(29));
     let created = unix_time();

@@ -16,7 +16,7 @@ use crate::chat::{random_id, unix_time, GenEvent, GenParams, Prompt, Stop, ToolC
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{boolean, sampling, uint};
 use crate::tools::ToolCall;
-use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState};
+use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState, GenSlot};
 
 const F: Family = Family::OpenAi;
 
@@ -259,6 +259,7 @@ fn finish(
 /// `POST /v1/responses`.
 pub async fn create(
     State(st): State<Arc<AppState>>,
+    GenSlot(slot): GenSlot,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
@@ -298,7 +299,6 @@ pub async fn create(
         no_speculation: boolean(&v, "speculation", F)? == Some(false),
     };
     let model = st.config.model_name.clone();
-    let slot = st.slot(F)?;
     // `reasoning.effort` as the chat API's `reasoning_effort` (as llama-server maps it).
     let mut template = crate::openai::template_options(&v, F)?;
     crate::openai::reasoning_effort(&mut template, v["reasoning"]["effort"].as_str());
@@ -308,10 +308,11 @@ pub async fn create(
         tool_choice: choice,
         template,
     };
-    let st2 = st.clone();
-    let prepared = tokio::task::spawn_blocking(move || st2.prepare(F, prompt, params))
-        .await
-        .map_err(|e| ApiError::new(F, ErrorKind::Internal, e.to_string()))??;
+    let (prepared, slot) = st
+        .blocking(F, slot, move |st, c| {
+            st.prepare_cancellable(F, prompt, params, true, c)
+        })
+        .await?;
     let mut gen = st.start(F, prepared, received).await?;
     let id = format!("resp_{}", random_id(32));
     let created = unix_time();

@@ -21,9 +21,24 @@ use minijinja::{Environment, Error, ErrorKind, UndefinedBehavior, Value};
 use serde_json::{json, Map, Value as Json};
 use tempo9_gguf::GgufFile;
 
-use crate::{Tokenizer, TokenizerError};
+use crate::{Literals, Tokenizer, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// Steps (minijinja "fuel": one per instruction) one render may take. A chat
+/// template is code from a downloaded file: this bounds an endless or
+/// quadratic loop to well under a second of CPU (measured in
+/// `tests/template_limits.rs`), far above what real templates use on long
+/// conversations with many tools.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// Largest rendered prompt in bytes (far above any context window's text).
+pub const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
+
+/// Deepest macro / include nesting of one render: real templates nest a few
+/// levels (JSON-schema printers); a recursion bomb stops here, well within a
+/// 2 MiB thread stack.
+pub const TEMPLATE_RECURSION: usize = 64;
 
 /// llama.cpp's fallback for models without a chat template.
 const CHATML_SOURCE: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
@@ -62,6 +77,10 @@ pub struct ChatTemplate {
     /// The markup around an assistant turn's reasoning, e.g. `("<think>\n",
     /// "\n</think>\n\n")`, when the template renders `reasoning_content`.
     reasoning: Option<(String, String)>,
+    /// The tokenizer's control-token strings: escaped in message and tool
+    /// text before rendering (see [`crate::literal`]); none for a template
+    /// made without a tokenizer.
+    literals: Literals,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -98,6 +117,7 @@ impl ChatTemplate {
         let mut t = Self::new(source, &piece(tok.bos()), &piece(tok.eos()))?;
         t.strip_bos = tok.add_bos();
         t.strip_eos = tok.add_eos();
+        t.literals = tok.literals().clone();
         Ok(t)
     }
 
@@ -111,6 +131,8 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(TEMPLATE_RECURSION);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson_filter);
@@ -136,6 +158,7 @@ impl ChatTemplate {
                 object_arguments: false,
             },
             reasoning: None,
+            literals: Literals::default(),
         };
         t.caps = t.probe_caps();
         t.reasoning = t.probe_reasoning();
@@ -191,6 +214,10 @@ impl ChatTemplate {
     /// results with `tool_call_id` / `name`). A trailing assistant message is
     /// continued: the prompt ends with the generation prompt followed by its
     /// content, whatever `add_generation_prompt` says.
+    ///
+    /// Control-token strings inside messages and tools come out escaped (for
+    /// a template made with a tokenizer): tokenize the prompt with
+    /// [`Tokenizer::encode_prompt`], which keeps them text.
     pub fn render(
         &self,
         messages: &[Json],
@@ -214,8 +241,13 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         opts: &TemplateOptions,
     ) -> Result<String, TokenizerError> {
-        let mut msgs = self.normalize_messages(messages)?;
-        let tools = tools.map(normalize_tools).transpose()?.unwrap_or_default();
+        let (messages, tools) = self.escape_inputs(messages, tools);
+        let mut msgs = self.normalize_messages(&messages)?;
+        let tools = tools
+            .as_deref()
+            .map(normalize_tools)
+            .transpose()?
+            .unwrap_or_default();
         let continued = match msgs.last() {
             Some(m) if m["role"] == "assistant" => msgs.pop(),
             _ => None,
@@ -266,14 +298,48 @@ impl ChatTemplate {
         tools: Option<&[Json]>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
-        let msgs = self.normalize_messages(messages)?;
-        let tools = tools.map(normalize_tools).transpose()?.unwrap_or_default();
+        let (messages, tools) = self.escape_inputs(messages, tools);
+        let msgs = self.normalize_messages(&messages)?;
+        let tools = tools
+            .as_deref()
+            .map(normalize_tools)
+            .transpose()?
+            .unwrap_or_default();
         self.apply(
             &msgs,
             &tools,
             add_generation_prompt,
             &TemplateOptions::default(),
         )
+    }
+
+    /// Messages and tools with control-token strings escaped in all their
+    /// text (roles aside, which templates compare with fixed names).
+    fn escape_inputs(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+    ) -> (Vec<Json>, Option<Vec<Json>>) {
+        let msgs = messages
+            .iter()
+            .map(|m| match m {
+                Json::Object(o) => Json::Object(
+                    o.iter()
+                        .map(|(k, v)| {
+                            let v = if k == "role" {
+                                v.clone()
+                            } else {
+                                escape_json(&self.literals, v)
+                            };
+                            (k.clone(), v)
+                        })
+                        .collect(),
+                ),
+                other => escape_json(&self.literals, other),
+            })
+            .collect();
+        let tools = tools.map(|t| t.iter().map(|v| escape_json(&self.literals, v)).collect());
+        (msgs, tools)
     }
 
     /// One template run (llama.cpp's `common_chat_template_direct_apply`).
@@ -322,7 +388,36 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| render_error(&e))?;
-        tmpl.render(ctx).map_err(|e| render_error(&e))
+        let mut out = CappedOutput {
+            buf: Vec::new(),
+            full: false,
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => {}
+            Err(_) if out.full => {
+                return Err(TokenizerError::TemplateRender {
+                    line: None,
+                    message: format!(
+                        "the rendered prompt exceeds {} MiB (TEMPLATE_MAX_OUTPUT)",
+                        TEMPLATE_MAX_OUTPUT >> 20
+                    ),
+                })
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(TokenizerError::TemplateRender {
+                    line: e.line(),
+                    message: format!(
+                        "the chat template ran more than {TEMPLATE_FUEL} steps \
+                         (TEMPLATE_FUEL): an endless loop?"
+                    ),
+                })
+            }
+            Err(e) => return Err(render_error(&e)),
+        }
+        String::from_utf8(out.buf).map_err(|_| TokenizerError::TemplateRender {
+            line: None,
+            message: "the chat template produced invalid UTF-8".into(),
+        })
     }
 
     /// OpenAI-shaped messages → what llama.cpp hands the template.
@@ -674,6 +769,41 @@ fn normalize_tools(tools: &[Json]) -> Result<Vec<Json>, TokenizerError> {
             }))
         })
         .collect()
+}
+
+/// `v` with every string (keys too) escaped by `lit`.
+fn escape_json(lit: &Literals, v: &Json) -> Json {
+    match v {
+        Json::String(s) => Json::String(lit.escape(s).into_owned()),
+        Json::Array(a) => Json::Array(a.iter().map(|x| escape_json(lit, x)).collect()),
+        Json::Object(o) => Json::Object(
+            o.iter()
+                .map(|(k, x)| (lit.escape(k).into_owned(), escape_json(lit, x)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The render's output, refusing to grow past [`TEMPLATE_MAX_OUTPUT`].
+struct CappedOutput {
+    buf: Vec<u8>,
+    full: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > TEMPLATE_MAX_OUTPUT {
+            self.full = true;
+            return Err(std::io::Error::other("chat template output too large"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn error_message(e: &Error) -> String {

@@ -31,6 +31,7 @@
 
 mod bpe;
 mod chat;
+mod literal;
 mod pretok;
 mod pretype;
 mod spm;
@@ -39,7 +40,10 @@ mod tokenizer;
 mod unicode;
 mod unicode_table;
 
-pub use chat::{ChatTemplate, TemplateOptions};
+pub use chat::{
+    ChatTemplate, TemplateOptions, TEMPLATE_FUEL, TEMPLATE_MAX_OUTPUT, TEMPLATE_RECURSION,
+};
+pub use literal::{Literals, ESCAPE};
 pub use stream::StreamDecoder;
 pub use tokenizer::{SpecialTokenIds, Tokenizer, TokenizerConfig, TokenizerKind};
 

@@ -2,11 +2,14 @@
 //! `llama_vocab` semantics (special-token partitioning, BOS/EOS rules,
 //! end-of-generation set, token pieces, detokenization clean-up).
 
+use std::borrow::Cow;
+
 use aho_corasick::AhoCorasick;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tempo9_gguf::GgufFile;
 
 use crate::bpe::Bpe;
+use crate::literal::Literals;
 use crate::pretype::PreType;
 use crate::spm;
 use crate::unicode::char_to_byte;
@@ -139,6 +142,8 @@ pub struct Tokenizer {
     special_finder: Option<AhoCorasick>,
     /// SPM byte fallback: token for each raw byte.
     byte_token: [Option<u32>; 256],
+    /// The control-token strings chat messages are escaped with.
+    literals: Literals,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -521,6 +526,16 @@ impl Tokenizer {
             }
         }
 
+        // The strings `parse_special` turns into tokens: what message text
+        // must not contain unescaped.
+        let literals = Literals::new(
+            specials
+                .iter()
+                .filter(|&&i| attrs[i as usize] & (attr::CONTROL | attr::UNKNOWN) != 0)
+                .map(|&i| texts[i as usize].clone())
+                .collect(),
+        )
+        .map_err(|e| TokenizerError::Invalid(format!("special tokens: {e}")))?;
         let special_finder = if specials.is_empty() {
             None
         } else {
@@ -581,6 +596,7 @@ impl Tokenizer {
             escape_whitespaces: escape_ws,
             specials,
             special_finder,
+            literals,
             byte_token,
         };
         tok.build_pieces();
@@ -832,6 +848,36 @@ impl Tokenizer {
     /// tokens (e.g. `<|im_start|>`) into those tokens. User-defined tokens are
     /// always recognised, as in llama.cpp.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_with(text, add_special, parse_special, false)
+    }
+
+    /// Tokenizes a rendered chat prompt: the template's control-token markup
+    /// becomes control tokens, while message text escaped by the chat template
+    /// ([`Literals`]) is tokenized as the text it was, so a message cannot
+    /// forge turn markup (role spoofing).
+    pub fn encode_prompt(&self, text: &str, add_special: bool) -> Vec<u32> {
+        self.encode_with(text, add_special, true, true)
+    }
+
+    /// The control-token strings of this vocabulary, for escaping message text.
+    pub fn literals(&self) -> &Literals {
+        &self.literals
+    }
+
+    fn encode_with(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        unescape: bool,
+    ) -> Vec<u32> {
+        let piece = |s: usize, e: usize| -> Cow<'_, str> {
+            if unescape {
+                self.literals.unescape(&text[s..e])
+            } else {
+                Cow::Borrowed(&text[s..e])
+            }
+        };
         let frags = if text.is_empty() {
             Vec::new()
         } else {
@@ -854,7 +900,7 @@ impl Tokenizer {
                             if self.add_space_prefix && prev_special {
                                 buf.push('\u{2581}');
                             }
-                            for c in text[s..e].chars() {
+                            for c in piece(s, e).chars() {
                                 buf.push(if c == ' ' { '\u{2581}' } else { c });
                             }
                             spm::tokenize(
@@ -877,11 +923,12 @@ impl Tokenizer {
                 for f in frags {
                     match f {
                         Frag::Text(s, e) => {
+                            let p = piece(s, e);
                             if self.escape_whitespaces {
-                                let t = text[s..e].replace(' ', "\u{2581}");
+                                let t = p.replace(' ', "\u{2581}");
                                 bpe.tokenize(&t, &self.token_to_id, &mut out);
                             } else {
-                                bpe.tokenize(&text[s..e], &self.token_to_id, &mut out);
+                                bpe.tokenize(&p, &self.token_to_id, &mut out);
                             }
                         }
                         Frag::Token(id) => out.push(id),

@@ -70,18 +70,14 @@ impl SsdTier {
         }
         let sum = checksum(0, &b);
         b.extend_from_slice(&sum.to_le_bytes());
-        let tmp = self.dir.join("index.tmp");
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&b)?;
-        f.sync_all()?;
-        fs::rename(tmp, self.dir.join(INDEX_FILE))
+        files::write_private(&self.dir.join(INDEX_FILE), &[&b], true)
     }
 
     /// Reads the index [`SsdTier::write_index`] left. With a smaller budget than
     /// last time, keeps the most recently used entries that fit and removes the
     /// others' files.
     pub(super) fn load_index(&mut self) -> Result<(), String> {
-        let b = match fs::read(self.dir.join(INDEX_FILE)) {
+        let b = match files::read_all(&self.dir.join(INDEX_FILE)) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("no index".into()),
             Err(e) => return Err(e.to_string()),

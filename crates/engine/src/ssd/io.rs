@@ -73,19 +73,14 @@ pub(super) fn io_thread(dir: PathBuf, jobs: Receiver<Job>, done: Sender<Done>, f
 pub(super) fn write_entry(path: &Path, header: &Header, data: &[u8]) -> Result<u64, String> {
     let head = header.bytes();
     let sum = checksum(checksum(0, &head), data);
-    let mut f = fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut write = || -> std::io::Result<()> {
-        f.write_all(&head)?;
-        f.write_all(&sum.to_le_bytes())?;
-        f.write_all(data)
-    };
-    write().map_err(|e| format!("{}: {e}", path.display()))?;
+    files::write_private(path, &[&head, &sum.to_le_bytes(), data], false)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok((head.len() + 8 + data.len()) as u64)
 }
 
 pub(super) fn read_entry(path: &Path, want: &Header) -> Result<Vec<u8>, String> {
     let head = want.bytes();
-    let mut f = fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut f = files::open_read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut got = vec![0u8; head.len() + 8];
     f.read_exact(&mut got)
         .map_err(|e| format!("{}: header: {e}", path.display()))?;

@@ -63,7 +63,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
@@ -75,6 +75,7 @@ use crate::pages::{EvictedPage, PageHasher, TokenId};
 
 // The tier (this file: entries, budget, LRU, loads), what makes an entry shareable
 // (`identity`), its files and index on disk (`index`) and the I/O thread (`io`).
+mod files;
 mod identity;
 mod index;
 mod io;
@@ -560,6 +561,8 @@ pub struct SsdTier {
     finished: VecDeque<LoadId>,
     next_load: LoadId,
     stats: SsdStats,
+    /// Held while open: no other process uses this directory.
+    _lock: files::DirLock,
 }
 
 impl std::fmt::Debug for SsdTier {
@@ -619,17 +622,23 @@ impl SsdTier {
             state: state_bytes,
             window: window_bytes,
         } = bytes;
+        files::create_private_dir(&cfg.dir)?;
+        files::sweep_stale(&cfg.dir);
         let dir = if cfg.persist {
             cfg.dir.join(format!("{model_id:016x}"))
         } else {
             let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
-            cfg.dir
-                .join(format!("tmp-{}-{n}-{model_id:016x}", std::process::id()))
+            cfg.dir.join(format!(
+                "{}{}-{n}-{model_id:016x}",
+                files::TMP_PREFIX,
+                std::process::id()
+            ))
         };
         if !cfg.persist && dir.exists() {
             fs::remove_dir_all(&dir)?;
         }
-        fs::create_dir_all(&dir)?;
+        files::create_private_dir(&dir)?;
+        let lock = files::DirLock::acquire(&dir)?;
         let (jobs_tx, jobs_rx) = mpsc::sync_channel(QUEUE_JOBS);
         let (done_tx, done_rx) = mpsc::channel();
         let io_dir = dir.clone();
@@ -664,6 +673,7 @@ impl SsdTier {
             loads: HashMap::new(),
             finished: VecDeque::new(),
             next_load: 0,
+            _lock: lock,
         };
         if tier.cfg.persist {
             match tier.load_index() {

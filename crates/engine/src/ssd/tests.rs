@@ -180,7 +180,11 @@ fn budget_keeps_most_recent_pages_and_zero_budget_writes_nothing() {
     assert_eq!((s.pages, s.bytes, s.evicted_pages), (2, 2 * file, 2));
     assert!(!t.contains(ch[0].hash) && t.contains(ch[3].hash));
     t.flush();
-    let n_files = fs::read_dir(t.dir()).unwrap().count();
+    let n_files = fs::read_dir(t.dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "page"))
+        .count();
     assert_eq!(n_files, 2);
 
     c.budget_bytes = 0;
@@ -767,4 +771,103 @@ fn identity_depends_on_state_bytes_only_when_present() {
     let id2 = model_identity(&gguf, 100, &l);
     assert!(id0 != id1 && id1 != id2 && id0 != id2);
     assert_eq!(id2, model_identity(&gguf, 100, &l));
+}
+
+#[cfg(unix)]
+#[test]
+fn files_are_private_and_symlinks_are_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir("private");
+    let toks: Vec<TokenId> = (0..4).collect();
+    let ch = chain(&toks);
+    let mut t = open(cfg(&dir));
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(t.dir()), 0o700);
+    // A symlink planted where the page's file will go, at a file of the victim's.
+    let victim = dir.join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    let path = entry_path(t.dir(), (Kind::Page, ch[0].hash));
+    std::os::unix::fs::symlink(&victim, &path).unwrap();
+    t.save(&ch[0], data(0));
+    t.flush();
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        b"precious",
+        "written through the symlink"
+    );
+    assert!(!fs::symlink_metadata(&path)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(mode(&path), 0o600);
+    let hashes = t.continue_prefix(ROOT_HASH, 0, &toks, 10);
+    assert_eq!(load_all(&mut t, &hashes).n_ok(), 1);
+    // A symlink swapped in afterwards is not read through.
+    fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&victim, &path).unwrap();
+    assert_eq!(load_all(&mut t, &hashes).n_ok(), 0);
+    drop(t);
+    // A pre-existing world-readable directory is made private.
+    let d2 = tmpdir("private-existing");
+    fs::create_dir_all(&*d2).unwrap();
+    fs::set_permissions(&*d2, fs::Permissions::from_mode(0o755)).unwrap();
+    let t = open(cfg(&d2));
+    assert_eq!(mode(&d2), 0o700);
+    drop(t);
+}
+
+#[test]
+fn two_tiers_cannot_share_a_directory() {
+    let dir = tmpdir("lock");
+    let mut c = cfg(&dir);
+    c.persist = true;
+    let toks: Vec<TokenId> = (0..8).collect();
+    let mut first = open(c.clone());
+    for (i, e) in chain(&toks).iter().enumerate() {
+        first.save_wait(e, data(i));
+    }
+    let err = SsdTier::open(c.clone(), 42, PT, PB, page_hash).unwrap_err();
+    assert!(err.to_string().contains("in use by another"), "{err}");
+    // The first tier's pages were left alone.
+    assert_eq!(first.continue_prefix(ROOT_HASH, 0, &toks, 10).len(), 2);
+    drop(first);
+    assert!(SsdTier::open(c, 42, PT, PB, page_hash).is_ok());
+}
+
+#[test]
+fn temp_dirs_of_dead_processes_are_swept() {
+    let dir = tmpdir("sweep");
+    fs::create_dir_all(dir.join("tmp-999999-0-00000000000000aa")).unwrap();
+    fs::write(dir.join("tmp-999999-0-00000000000000aa/x.page"), b"old").unwrap();
+    // A live tier's directory (this process holds its lock) stays.
+    let live = open(cfg(&dir));
+    let other = open(cfg(&dir));
+    assert!(!dir.join("tmp-999999-0-00000000000000aa").exists());
+    assert!(live.dir().exists() && other.dir().exists());
+    let kept = live.dir().to_path_buf();
+    drop(other);
+    assert!(kept.exists());
+    drop(live);
+    assert!(!kept.exists());
+}
+
+#[test]
+fn an_index_claiming_endless_entries_is_refused() {
+    let dir = tmpdir("huge-index");
+    let mut c = cfg(&dir);
+    c.persist = true;
+    let t = open(c.clone());
+    let tier_dir = t.dir().to_path_buf();
+    drop(t);
+    let mut b = fs::read(tier_dir.join(INDEX_FILE)).unwrap();
+    b.truncate(b.len() - 8);
+    // The entry count (at byte 48) as large as it goes.
+    b[48..56].copy_from_slice(&u64::MAX.to_le_bytes());
+    b.extend_from_slice(&[0, 42, 0, 0, 0, 0, 0, 0, 0]);
+    let sum = checksum(0, &b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    fs::write(tier_dir.join(INDEX_FILE), &b).unwrap();
+    let t = open(c);
+    assert_eq!(t.stats().pages, 0);
 }

@@ -270,6 +270,7 @@ pub fn parse_call(body: &str) -> Option<ToolCall> {
     let mut p = ValueParser {
         s: &b[brace..],
         i: 0,
+        depth: 0,
     };
     let args = p.object()?;
     p.ws();
@@ -282,10 +283,17 @@ pub fn parse_call(body: &str) -> Option<ToolCall> {
     })
 }
 
+/// Deepest nesting of objects and arrays in a call's arguments (serde_json's
+/// own limit): model output nested deeper is not a call, and recursing on it
+/// would overflow the stack.
+const MAX_DEPTH: usize = 128;
+
 /// Recursive descent over the template's argument notation.
 struct ValueParser<'a> {
     s: &'a str,
     i: usize,
+    /// Objects and arrays open around the current position.
+    depth: usize,
 }
 
 impl ValueParser<'_> {
@@ -314,8 +322,19 @@ impl ValueParser<'_> {
             return self.quoted().map(Value::String);
         }
         match r.chars().next()? {
-            '{' => self.object().map(Value::Object),
-            '[' => self.array(),
+            '{' | '[' if self.depth >= MAX_DEPTH => None,
+            '{' => {
+                self.depth += 1;
+                let v = self.object().map(Value::Object);
+                self.depth -= 1;
+                v
+            }
+            '[' => {
+                self.depth += 1;
+                let v = self.array();
+                self.depth -= 1;
+                v
+            }
             '"' => {
                 // Plain JSON strings are tolerated.
                 let mut de = serde_json::Deserializer::from_str(r).into_iter::<String>();
@@ -541,6 +560,16 @@ mod tests {
         // Cut off mid-thought.
         let out = run("<|channel>thought\nhmm");
         assert_eq!(out, vec![Piece::Reasoning("hmm".into())]);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_overflowing_the_stack() {
+        let nested = |n: usize| format!("call:f{{a:{}1{}}}", "[".repeat(n), "]".repeat(n));
+        assert!(parse_call(&nested(100)).is_some());
+        // Recursing once per bracket would overflow a 2 MiB stack here.
+        assert!(parse_call(&nested(1_000_000)).is_none());
+        let objects = format!("call:f{{{}}}", "a:{".repeat(200_000));
+        assert!(parse_call(&objects).is_none());
     }
 
     #[test]
