@@ -624,3 +624,8 @@ fn parity_qwen35_tiny_matches_llama_cpp_alone_and_batched() {
 fn parity_qwen35moe_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[3].0, SYNTH_MODELS[3].1);
 }
+
+#[test]
+fn parity_llama3_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[4].0, SYNTH_MODELS[4].1);
+}

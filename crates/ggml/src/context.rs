@@ -288,16 +288,33 @@ impl Context {
     }
 
     /// Rotary position embedding of `a` (`[head_dim, n_head, n_tokens]`) at the I32 positions `pos`.
-    pub fn rope<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, p: &RopeParams) -> Tensor<'a> {
+    /// `freq_factors` (F32, `n_dims / 2`), when given, divides each rotated pair's
+    /// frequency (Llama 3's `rope_freqs.weight`).
+    pub fn rope<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        freq_factors: Option<Tensor<'a>>,
+        p: &RopeParams,
+    ) -> Tensor<'a> {
         assert_eq!(a.ne()[2], pos.ne()[0], "rope: one position per token");
         assert!(pos.dtype() == DType::I32);
+        if let Some(f) = freq_factors {
+            assert!(
+                f.dtype() == DType::F32 && f.ne()[0] >= i64::from(p.n_dims / 2),
+                "rope: freq factors {:?} for {} rotated dims",
+                f.ne(),
+                p.n_dims
+            );
+        }
+        let factors = freq_factors.map_or(std::ptr::null_mut(), |f| f.raw());
         // SAFETY: shapes checked.
         self.op1(|c| unsafe {
             sys::ggml_rope_ext(
                 c,
                 a.raw(),
                 pos.raw(),
-                std::ptr::null_mut(),
+                factors,
                 p.n_dims,
                 p.mode,
                 p.n_ctx_orig,

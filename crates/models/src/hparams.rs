@@ -8,7 +8,7 @@ use crate::ModelError;
 /// Supported architectures (`general.architecture`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
-    /// Llama family (SmolLM2, Llama 2/3 without rope scaling).
+    /// Llama family (SmolLM2, Llama 2/3 with Llama 3 rope frequency factors, Mistral 7B).
     Llama,
     /// Qwen2 / Qwen2.5: Llama with Q/K/V biases and NeoX rope.
     Qwen2,
@@ -26,18 +26,25 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// Every supported architecture, in the order error messages list them.
+    pub const ALL: [Arch; 7] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Gemma3,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Qwen35,
+        Arch::Qwen35Moe,
+    ];
+
+    /// The supported architectures' GGUF names, comma-separated.
+    pub fn supported_list() -> String {
+        Arch::ALL.map(Arch::name).join(", ")
+    }
+
     /// Parses an architecture name; `None` for architectures Tempo9 does not run yet.
     pub fn from_name(name: &str) -> Option<Arch> {
-        match name {
-            "llama" => Some(Arch::Llama),
-            "qwen2" => Some(Arch::Qwen2),
-            "gemma3" => Some(Arch::Gemma3),
-            "qwen3" => Some(Arch::Qwen3),
-            "qwen3moe" => Some(Arch::Qwen3Moe),
-            "qwen35" => Some(Arch::Qwen35),
-            "qwen35moe" => Some(Arch::Qwen35Moe),
-            _ => None,
-        }
+        Arch::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// The GGUF architecture name.

@@ -273,11 +273,25 @@ impl<'a> Builder<'a> {
 
     /// Rotary embedding for layer `il`.
     pub fn rope(&self, x: Tensor<'a>, il: usize) -> Tensor<'a> {
+        self.rope_with_factors(x, il, None)
+    }
+
+    /// Rotary embedding for layer `il` with per-pair frequency divisors
+    /// (`rope_freqs.weight`: Llama 3's long-context scaling).
+    pub fn rope_with_factors(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        factors: Option<WeightId>,
+    ) -> Tensor<'a> {
         match (self.hp.rope_sections, self.inp.pos_multi) {
             (Some(sections), Some(pos)) => {
                 self.ctx.rope_multi(x, pos, self.hp.rope_for(il), sections)
             }
-            _ => self.ctx.rope(x, self.inp.pos, self.hp.rope_for(il)),
+            _ => {
+                let f = factors.map(|w| self.wt(w));
+                self.ctx.rope(x, self.inp.pos, f, self.hp.rope_for(il))
+            }
         }
     }
 

@@ -44,7 +44,7 @@ pub enum ModelError {
     #[error(transparent)]
     Ggml(#[from] GgmlError),
     /// The architecture is not implemented.
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2, gemma3, qwen3, qwen3moe, qwen35, qwen35moe)")]
+    #[error("unsupported model architecture '{0}' (supported: {list})", list = Arch::supported_list())]
     UnsupportedArch(String),
     /// A required metadata key is missing.
     #[error("missing metadata key {0}")]

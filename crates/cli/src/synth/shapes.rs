@@ -52,8 +52,9 @@ impl SynthArch {
     }
 }
 
-/// Model sizes: the shapes of published models, and tiny test shapes. The Qwen3
-/// family presets imply their architecture; the others take `--arch llama|qwen2`.
+/// Model sizes: the shapes of published models, and tiny test shapes. Presets
+/// named after a model imply its architecture; the plain sizes (135m ... 8b) take
+/// `--arch llama|qwen2`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Preset {
     /// SmolLM2-135M (576 wide, 30 layers, 49152 tokens).
@@ -62,13 +63,15 @@ pub enum Preset {
     /// Qwen2.5-0.5B (896 wide, 24 layers, 151936 tokens).
     #[value(name = "0.5b")]
     S0_5b,
-    /// Llama-3.2-1B (2048 wide, 16 layers, 128256 tokens).
+    /// Llama-3.2-1B's size (2048 wide, 16 layers, 128256 tokens) without its rope
+    /// scaling (see llama-3.2-1b).
     #[value(name = "1b")]
     S1b,
     /// Qwen2.5-7B (3584 wide, 28 layers, 152064 tokens).
     #[value(name = "7b")]
     S7b,
-    /// Llama-3.1-8B (4096 wide, 32 layers, 128256 tokens).
+    /// Llama-3.1-8B's size (4096 wide, 32 layers, 128256 tokens) without its rope
+    /// scaling (see llama-3.1-8b).
     #[value(name = "8b")]
     S8b,
     /// Qwen3-0.6B (qwen3: 1024 wide, 28 layers, 16/8 heads of 128).
@@ -96,6 +99,19 @@ pub enum Preset {
     /// used, shared expert of 512, DeltaNet 16/32 heads of 128).
     #[value(name = "qwen3.5-35b-a3b")]
     Qwen35_35bA3b,
+    /// Llama-3.2-1B (llama: 2048 wide, 16 layers, 32/8 heads of 64, Llama 3 rope
+    /// scaling by 32 written as `rope_freqs.weight`, 128256 tokens).
+    #[value(name = "llama-3.2-1b")]
+    Llama32_1b,
+    /// Llama-3.1-8B (llama: 4096 wide, 32 layers, 32/8 heads of 128, Llama 3 rope
+    /// scaling by 8 written as `rope_freqs.weight`, 128256 tokens).
+    #[value(name = "llama-3.1-8b")]
+    Llama31_8b,
+    /// Test shape, llama with Llama 3 rope scaling (Llama 3.2's: factor 32, low/high
+    /// frequency factors 1/4, 8192 original positions): 128 wide, 4 layers, 4/2
+    /// heads of 32, 128256 tokens.
+    #[value(name = "llama3-tiny")]
+    Llama3Tiny,
     /// Test shape, qwen3: 128 wide, 4 layers, 4/2 heads of 64, 151936 tokens.
     #[value(name = "qwen3-tiny")]
     Qwen3Tiny,
@@ -160,6 +176,35 @@ impl Gdn {
     }
 }
 
+/// Rotary scaling of a checkpoint (HF `rope_scaling`), as the converter writes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Llama 3.1+ (`rope_type: llama3`): no metadata keys; per-pair frequency
+    /// divisors in a `rope_freqs.weight` tensor (`conversion/llama.py`).
+    Llama3 {
+        /// `factor`: the divisor of the slowest pairs.
+        factor: f32,
+        /// `low_freq_factor`.
+        low_freq_factor: f32,
+        /// `high_freq_factor`.
+        high_freq_factor: f32,
+        /// `original_max_position_embeddings`.
+        orig_ctx: u32,
+    },
+}
+
+impl RopeScaling {
+    /// Llama 3.1's and 3.2's rope scaling by `factor`.
+    fn llama3(factor: f32) -> Option<RopeScaling> {
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            orig_ctx: 8192,
+        })
+    }
+}
+
 /// Shape of a model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shape {
@@ -191,6 +236,11 @@ pub struct Shape {
     pub moe: Option<Moe>,
     /// DeltaNet layers (Qwen3.5 hybrids).
     pub gdn: Option<Gdn>,
+    /// Rotary scaling.
+    pub rope_scaling: Option<RopeScaling>,
+    /// Whether the HF config names `head_dim` (the converter then writes
+    /// `attention.key_length` / `value_length`).
+    pub explicit_head_dim: bool,
 }
 
 impl Preset {
@@ -199,6 +249,7 @@ impl Preset {
         use Preset::*;
         match self {
             S135m | S0_5b | S1b | S7b | S8b => None,
+            Llama32_1b | Llama31_8b | Llama3Tiny => Some(SynthArch::Llama),
             Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
             Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
             Qwen35_0_8b | Qwen35_2b | Qwen35_4b | Qwen35_9b | Qwen35_27b | Qwen35Tiny => {
@@ -227,6 +278,8 @@ impl Preset {
             rms_eps: 1e-5,
             moe: None,
             gdn: None,
+            rope_scaling: None,
+            explicit_head_dim: false,
         };
         // Qwen3 (HF config.json): rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
         let qwen3 = |n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab| Shape {
@@ -244,6 +297,8 @@ impl Preset {
             rms_eps: 1e-6,
             moe: None,
             gdn: None,
+            rope_scaling: None,
+            explicit_head_dim: true,
         };
         // Qwen3.5: rope_theta 1e7, partial_rotary_factor 0.25, 262144 positions,
         // conv kernel 4, a full-attention layer every 4.
@@ -262,6 +317,8 @@ impl Preset {
             rms_eps: 1e-6,
             moe: None,
             gdn: Some(gdn),
+            rope_scaling: None,
+            explicit_head_dim: true,
         };
         let gdn = |d_state, n_k_heads, n_v_heads| Gdn {
             d_conv: 4,
@@ -284,6 +341,21 @@ impl Preset {
             S1b => plain(2048, 16, 32, 8, 8192, 128_256, 500_000.0),
             S7b => plain(3584, 28, 28, 4, 18944, 152_064, 1_000_000.0),
             S8b => plain(4096, 32, 32, 8, 14336, 128_256, 500_000.0),
+            // Llama 3.2's config names head_dim (64), 3.1's does not.
+            Llama32_1b => Shape {
+                rope_scaling: RopeScaling::llama3(32.0),
+                explicit_head_dim: true,
+                ..plain(2048, 16, 32, 8, 8192, 128_256, 500_000.0)
+            },
+            Llama31_8b => Shape {
+                rope_scaling: RopeScaling::llama3(8.0),
+                ..plain(4096, 32, 32, 8, 14336, 128_256, 500_000.0)
+            },
+            Llama3Tiny => Shape {
+                rope_scaling: RopeScaling::llama3(32.0),
+                explicit_head_dim: true,
+                ..plain(128, 4, 4, 2, 384, 128_256, 500_000.0)
+            },
             Qwen3_0_6b => qwen3(1024, 28, 16, 8, 128, 3072, 151_936),
             // intermediate_size 6144 is written as feed_forward_length but unused.
             Qwen3_30bA3b => Shape {
@@ -313,7 +385,7 @@ impl Preset {
     }
 }
 
-/// Resolves `--arch` and `--preset` into a shape: a Qwen3-family preset implies
+/// Resolves `--arch` and `--preset` into a shape: a preset of a named model implies
 /// its architecture, the plain presets take llama or qwen2.
 pub fn resolve(arch: Option<SynthArch>, preset: Option<Preset>) -> Result<Shape> {
     let (arch, preset) = match (arch, preset) {

@@ -5,11 +5,13 @@
 
 use tempo9_gguf::{ArrayValue, GgufWriter, Value};
 
-use super::shapes::{Shape, SynthArch};
+use super::shapes::{RopeScaling, Shape, SynthArch};
 
-/// How a tensor's random values are drawn.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// How a tensor's values are drawn.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Init {
+    /// These values (a tensor the converter computes, e.g. `rope_freqs.weight`).
+    Values(Vec<f32>),
     /// Uniform with this standard deviation.
     Uniform(f32),
     /// Every value equal.
@@ -80,8 +82,8 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
         w.set(&k("expert_count"), u(m.n_expert))
             .set(&k("expert_used_count"), u(m.n_used));
     }
-    if !matches!(sh.arch, SynthArch::Llama | SynthArch::Qwen2) {
-        // HF head_dim: always present in Qwen3 / Qwen3.5 configs.
+    if sh.explicit_head_dim {
+        // HF head_dim: always present in Qwen3 / Qwen3.5 configs, Llama 3.2's too.
         w.set(&k("attention.key_length"), u(sh.head_dim))
             .set(&k("attention.value_length"), u(sh.head_dim));
     }
@@ -124,6 +126,38 @@ fn mrope_sections(half: i32) -> Vec<i32> {
         .collect()
 }
 
+/// Llama 3's per-pair rope frequency divisors for `n_rot` rotated dimensions, as
+/// `conversion/llama.py` computes them: pairs whose wavelength is under
+/// `orig_ctx / high_freq_factor` keep their frequency, those over `orig_ctx /
+/// low_freq_factor` are divided by `factor`, and the ones between blend smoothly.
+pub fn llama3_rope_freqs(sh: &Shape) -> Option<Vec<f32>> {
+    let Some(RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: low,
+        high_freq_factor: high,
+        orig_ctx,
+    }) = sh.rope_scaling
+    else {
+        return None;
+    };
+    let (base, dim, old) = (sh.rope_base, sh.n_rot as f32, orig_ctx as f32);
+    let (low_wavelen, high_wavelen) = (old / low, old / high);
+    let freqs = (0..sh.n_rot / 2).map(|i| {
+        // F32 arithmetic, as the converter's torch tensors.
+        let freq = 1.0 / base.powf((2 * i) as f32 / dim);
+        let wavelen = 2.0 * std::f32::consts::PI / freq;
+        if wavelen < high_wavelen {
+            1.0
+        } else if wavelen > low_wavelen {
+            factor
+        } else {
+            let smooth = (old / wavelen - low) / (high - low);
+            1.0 / ((1.0 - smooth) / factor + smooth)
+        }
+    });
+    Some(freqs.collect())
+}
+
 /// The tensor list, in the order it is written.
 pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
     let e = sh.n_embd;
@@ -134,7 +168,6 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
     let unit = |fan_in: u64| Init::Uniform(1.0 / (fan_in as f32).sqrt());
     let branch_scale = 1.0 / (2.0 * sh.n_layer as f32).sqrt();
     let branch = |fan_in: u64| Init::Uniform(branch_scale / (fan_in as f32).sqrt());
-    let one = Init::Const(1.0);
     let mut out: Vec<Spec> = Vec::new();
     let mut add = |name: String, shape: &[u64], kind: Kind, init: Init| {
         out.push(Spec {
@@ -145,6 +178,16 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
         })
     };
     use Kind::{Weight, F32};
+    const ONE: Init = Init::Const(1.0);
+    // The converter's generated tensors come first.
+    if let Some(f) = llama3_rope_freqs(sh) {
+        add(
+            "rope_freqs.weight".into(),
+            &[sh.n_rot / 2],
+            F32,
+            Init::Values(f),
+        );
+    }
     add(
         "token_embd.weight".into(),
         &[e, n_vocab],
@@ -158,11 +201,11 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
         if is_mtp {
             // The MTP block's input: [norm(embedding) ; norm(hidden)] projected back.
             add(n("nextn.eh_proj.weight"), &[2 * e, e], Weight, unit(2 * e));
-            add(n("nextn.enorm.weight"), &[e], F32, one);
-            add(n("nextn.hnorm.weight"), &[e], F32, one);
-            add(n("nextn.shared_head_norm.weight"), &[e], F32, one);
+            add(n("nextn.enorm.weight"), &[e], F32, ONE);
+            add(n("nextn.hnorm.weight"), &[e], F32, ONE);
+            add(n("nextn.shared_head_norm.weight"), &[e], F32, ONE);
         }
-        add(n("attn_norm.weight"), &[e], F32, one);
+        add(n("attn_norm.weight"), &[e], F32, ONE);
         match sh.gdn {
             Some(g) if !is_mtp && g.is_recurrent(i) => {
                 let (c, v, h) = (g.conv_dim(), g.value_dim(), g.n_v_heads);
@@ -191,7 +234,7 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
                     Init::Uniform(0.5 / (e as f32).sqrt()),
                 );
                 add(n("ssm_beta.weight"), &[e, h], Weight, unit(e));
-                add(n("ssm_norm.weight"), &[g.d_state], F32, one);
+                add(n("ssm_norm.weight"), &[g.d_state], F32, ONE);
                 add(n("ssm_out.weight"), &[v, e], Weight, branch(v));
             }
             _ => {
@@ -210,8 +253,8 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
                     add(n("attn_v.bias"), &[kv_dim], F32, Init::Uniform(0.1));
                 }
                 if !matches!(sh.arch, SynthArch::Llama | SynthArch::Qwen2) {
-                    add(n("attn_q_norm.weight"), &[sh.head_dim], F32, one);
-                    add(n("attn_k_norm.weight"), &[sh.head_dim], F32, one);
+                    add(n("attn_q_norm.weight"), &[sh.head_dim], F32, ONE);
+                    add(n("attn_k_norm.weight"), &[sh.head_dim], F32, ONE);
                 }
                 add(n("attn_output.weight"), &[q_dim, e], Weight, branch(q_dim));
             }
@@ -221,7 +264,7 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
         } else {
             "ffn_norm.weight"
         };
-        add(n(ffn_norm), &[e], F32, one);
+        add(n(ffn_norm), &[e], F32, ONE);
         match sh.moe {
             Some(m) => {
                 // Router logits of unit spread: top-k choices change from token to token.
@@ -245,7 +288,7 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
             }
         }
     }
-    add("output_norm.weight".into(), &[e], F32, one);
+    add("output_norm.weight".into(), &[e], F32, ONE);
     let logit_scale = Init::Uniform(4.0 / (e as f32).sqrt());
     add(
         "output.weight".into(),
@@ -262,7 +305,7 @@ mod tests {
     use super::*;
 
     fn list(p: Preset, mtp: bool) -> Vec<Spec> {
-        let sh = p.shape(p.arch().expect("qwen3 family preset"));
+        let sh = p.shape(p.arch().expect("a named model's preset"));
         tensors(&sh, mtp, sh.n_vocab)
     }
 
@@ -286,6 +329,63 @@ mod tests {
         assert_eq!(get(&l, "output.weight").shape, [1024, 151_936]);
         // --mtp is a Qwen3.5 thing: nothing changes.
         assert_eq!(list(Preset::Qwen3_0_6b, true), l);
+    }
+
+    #[test]
+    fn llama3_tensors() {
+        let l = list(Preset::Llama32_1b, false);
+        // rope_freqs, embd, output_norm, output + 9 per layer.
+        assert_eq!(l.len(), 4 + 16 * 9);
+        let f = &l[0];
+        assert_eq!(
+            (f.name.as_str(), f.shape.as_slice(), f.kind),
+            ("rope_freqs.weight", &[32][..], Kind::F32)
+        );
+        let Init::Values(v) = &f.init else {
+            panic!("rope_freqs has computed values")
+        };
+        // The fast pairs keep their frequency, the slowest are divided by 32, and
+        // the divisors never decrease with the pair's wavelength.
+        assert_eq!((v[0], v[31]), (1.0, 32.0));
+        assert!(v.windows(2).all(|w| w[0] <= w[1]), "{v:?}");
+        let blended = v.iter().filter(|&&x| x > 1.0 && x < 32.0).count();
+        assert!(blended > 0, "no pair between the thresholds: {v:?}");
+        assert_eq!(get(&l, "blk.0.attn_q.weight").shape, [2048, 2048]);
+        assert_eq!(get(&l, "blk.0.attn_k.weight").shape, [2048, 512]);
+        assert_eq!(get(&l, "blk.15.ffn_down.weight").shape, [8192, 2048]);
+        assert_eq!(get(&l, "output.weight").shape, [2048, 128_256]);
+
+        let l = list(Preset::Llama31_8b, false);
+        assert_eq!(get(&l, "rope_freqs.weight").shape, [64]);
+        // No rope scaling, no divisors.
+        let sh = Preset::S8b.shape(SynthArch::Llama);
+        assert!(tensors(&sh, false, sh.n_vocab)
+            .iter()
+            .all(|s| s.name != "rope_freqs.weight"));
+    }
+
+    #[test]
+    fn llama3_metadata() {
+        let read = |p: Preset| {
+            let sh = p.shape(SynthArch::Llama);
+            let mut w = GgufWriter::new();
+            metadata(&sh, false, 1000, &mut w);
+            let bytes = w.to_bytes(|_| Vec::new()).expect("serialises");
+            tempo9_gguf::GgufFile::from_bytes(bytes).expect("parses")
+        };
+        let f = read(Preset::Llama32_1b);
+        let m = f.metadata();
+        assert_eq!(m.get_f32("llama.rope.freq_base").unwrap(), Some(500_000.0));
+        assert_eq!(m.get_u32("llama.rope.dimension_count").unwrap(), Some(64));
+        assert_eq!(m.get_u32("llama.attention.key_length").unwrap(), Some(64));
+        assert_eq!(m.get_u32("llama.context_length").unwrap(), Some(131_072));
+        // Llama 3 scaling lives in the tensor, not in rope.scaling keys.
+        assert_eq!(m.get_str("llama.rope.scaling.type").unwrap(), None);
+        let f = read(Preset::Llama31_8b);
+        assert_eq!(
+            f.metadata().get_u32("llama.attention.key_length").unwrap(),
+            None
+        );
     }
 
     #[test]
