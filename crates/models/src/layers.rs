@@ -13,6 +13,8 @@ pub(crate) struct Inputs<'a> {
     pub pos: Tensor<'a>,
     /// Four positions per token, section-major, for multi-section rope (Qwen3.5).
     pub pos_multi: Option<Tensor<'a>>,
+    /// Per-token query scale `[1, 1, n_tokens]` F32 ([`crate::AttnTemp`]).
+    pub attn_temp: Option<Tensor<'a>>,
     /// The step's recurrent-state ops (see [`crate::deltanet`]).
     pub states: Vec<crate::deltanet::StateInputs<'a>>,
     /// Per cache group, the cell each token's K/V goes to in the group's pools.
@@ -292,6 +294,15 @@ impl<'a> Builder<'a> {
                 let f = factors.map(|w| self.wt(w));
                 self.ctx.rope(x, self.inp.pos, f, self.hp.rope_for(il))
             }
+        }
+    }
+
+    /// Queries `[dim, n_head, n_tokens]` times their position's temperature scale,
+    /// when the model has one ([`crate::AttnTemp`]); unchanged otherwise.
+    pub fn attn_temperature(&self, q: Tensor<'a>) -> Tensor<'a> {
+        match self.inp.attn_temp {
+            Some(s) => self.ctx.mul(q, s),
+            None => q,
         }
     }
 

@@ -29,7 +29,7 @@ use tempo9_gguf::{GgufError, GgufFile};
 pub use attn::MATMUL_DECODE_ABOVE;
 pub use batch::{CellRun, KvView, SeqSpan, StateSnapshot, StepBatch};
 pub use cache::{CacheGroup, GroupKind};
-pub use hparams::{Arch, HParams, MoeParams, SsmParams};
+pub use hparams::{Arch, AttnTemp, HParams, MoeParams, SsmParams};
 pub use kv::{KvStore, MaskBuilder};
 pub use step::Executor;
 use weights::{Offload, SpecList, Weights};
@@ -137,6 +137,7 @@ impl Model {
             Arch::Qwen3Moe => Graphs::Qwen3(arch::qwen3moe::declare(&hp, &file, &mut specs)),
             Arch::Qwen35 => Graphs::Qwen35(arch::qwen35::Qwen35::declare(&hp, &file, &mut specs)),
             Arch::Qwen35Moe => Graphs::Qwen35(arch::qwen35moe::declare(&hp, &file, &mut specs)),
+            Arch::Mistral3 => Graphs::Llama(arch::mistral3::declare(&hp, &file, &mut specs)),
         };
         let mut no_progress = |_: u64, _: u64| {};
         let progress: &mut dyn FnMut(u64, u64) = match opts.progress.as_mut() {

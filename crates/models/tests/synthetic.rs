@@ -498,3 +498,47 @@ fn llama3_rope_freqs_divide_rotary_frequencies() {
         "Llama 3 divisors had no effect"
     );
 }
+
+/// Mistral 3's YaRN and query temperature, read as llama.cpp reads them: the
+/// extrapolation mix on, the magnitude factor `mscale(16, 1) / mscale(16, 1)`
+/// divided by the `1 + 0.1 ln 16` ggml's rope multiplies back in, YaRN's original
+/// context from its key, and the query scale `1 + 0.1 ln(floor(p / 256) + 1)`.
+#[test]
+fn mistral3_yarn_and_temperature_hparams() {
+    let mut w = Writer::new("mistral3");
+    for (k, v) in [
+        ("embedding_length", 64),
+        ("block_count", 1),
+        ("attention.head_count", 4),
+        ("feed_forward_length", 96),
+        ("context_length", 4096),
+        ("rope.scaling.original_context_length", 256),
+    ] {
+        w.u32(&format!("mistral3.{k}"), v);
+    }
+    w.string("mistral3.rope.scaling.type", "yarn");
+    for (k, v) in [
+        ("rope.scaling.factor", 16.0),
+        ("rope.scaling.yarn_beta_fast", 24.0),
+        ("rope.scaling.yarn_log_multiplier", 1.0),
+        ("attention.temperature_scale", 0.1),
+    ] {
+        w.f32(&format!("mistral3.{k}"), v);
+    }
+    let mut seed = 1;
+    w.tensor("token_embd.weight", &[64, 8], &mut seed);
+    let f = GgufFile::from_bytes(w.finish()).expect("gguf");
+    let hp = tempo9_models::HParams::from_gguf(&f).expect("hparams");
+    let r = hp.rope;
+    assert_eq!((r.mode, r.n_ctx_orig, r.freq_scale), (0, 256, 1.0 / 16.0));
+    assert_eq!((r.ext_factor, r.beta_fast, r.beta_slow), (1.0, 24.0, 1.0));
+    let want = 1.0 / (1.0 + 0.1 * 16f32.ln());
+    assert!((r.attn_factor - want).abs() < 1e-6, "{}", r.attn_factor);
+    let t = hp.attn_temp.expect("temperature scaling");
+    assert_eq!((t.scale, t.floor), (0.1, 256));
+    assert_eq!((t.at(0), t.at(255)), (1.0, 1.0));
+    for (p, steps) in [(256, 1.0f64), (1000, 3.0), (1024, 4.0)] {
+        let want = ((steps + 1.0).ln() * 0.1 + 1.0) as f32;
+        assert_eq!(t.at(p), want, "position {p}");
+    }
+}

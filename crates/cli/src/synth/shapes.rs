@@ -20,6 +20,9 @@ pub enum SynthArch {
     /// Qwen3.5 MoE hybrid (Qwen3.5-35B-A3B): Qwen3.5 layers with routed experts
     /// plus a sigmoid-gated shared expert.
     Qwen35moe,
+    /// Mistral 3 (Ministral 3): the Llama layout with YaRN rope scaling and query
+    /// temperature scaling.
+    Mistral3,
 }
 
 impl SynthArch {
@@ -32,6 +35,7 @@ impl SynthArch {
             SynthArch::Qwen3moe => "qwen3moe",
             SynthArch::Qwen35 => "qwen35",
             SynthArch::Qwen35moe => "qwen35moe",
+            SynthArch::Mistral3 => "mistral3",
         }
     }
 
@@ -48,6 +52,7 @@ impl SynthArch {
             SynthArch::Qwen3moe => Preset::Qwen3_30bA3b,
             SynthArch::Qwen35 => Preset::Qwen35_0_8b,
             SynthArch::Qwen35moe => Preset::Qwen35_35bA3b,
+            SynthArch::Mistral3 => Preset::Ministral3_3b,
         }
     }
 }
@@ -112,6 +117,19 @@ pub enum Preset {
     /// heads of 32, 128256 tokens.
     #[value(name = "llama3-tiny")]
     Llama3Tiny,
+    /// Mistral-7B-v0.3 (llama: 4096 wide, 32 layers, 32/8 heads of 128, 32768
+    /// tokens, rope base 1e6, no rope scaling).
+    #[value(name = "mistral-7b-v0.3")]
+    Mistral7bV03,
+    /// Ministral-3-3B (mistral3: 3072 wide, 26 layers, 32/8 heads of 128, YaRN by
+    /// 16 over 16384 original positions, query temperature 0.1, 131072 tokens).
+    #[value(name = "ministral-3-3b")]
+    Ministral3_3b,
+    /// Test shape, mistral3: 128 wide, 4 layers, 4/2 heads of 64, YaRN by 16 over
+    /// 256 original positions (so that YaRN and the query temperature, which starts
+    /// at the original length, both act within the test prompts), 131072 tokens.
+    #[value(name = "mistral3-tiny")]
+    Mistral3Tiny,
     /// Test shape, qwen3: 128 wide, 4 layers, 4/2 heads of 64, 151936 tokens.
     #[value(name = "qwen3-tiny")]
     Qwen3Tiny,
@@ -191,6 +209,24 @@ pub enum RopeScaling {
         /// `original_max_position_embeddings`.
         orig_ctx: u32,
     },
+    /// YaRN (`rope_type: yarn`): metadata keys only.
+    Yarn(Yarn),
+}
+
+/// YaRN as the converter writes it (`rope.scaling.*` keys; Mistral 3 adds the
+/// log multiplier and the query temperature).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    /// `rope.scaling.factor`.
+    pub factor: f32,
+    /// `rope.scaling.original_context_length`.
+    pub orig_ctx: u32,
+    /// `rope.scaling.yarn_beta_fast` / `yarn_beta_slow`.
+    pub beta: (f32, f32),
+    /// `rope.scaling.yarn_log_multiplier` (HF `mscale_all_dim`).
+    pub log_mul: f32,
+    /// `attention.temperature_scale` (HF `llama_4_scaling_beta`).
+    pub temp_scale: f32,
 }
 
 impl RopeScaling {
@@ -249,7 +285,8 @@ impl Preset {
         use Preset::*;
         match self {
             S135m | S0_5b | S1b | S7b | S8b => None,
-            Llama32_1b | Llama31_8b | Llama3Tiny => Some(SynthArch::Llama),
+            Llama32_1b | Llama31_8b | Llama3Tiny | Mistral7bV03 => Some(SynthArch::Llama),
+            Ministral3_3b | Mistral3Tiny => Some(SynthArch::Mistral3),
             Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
             Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
             Qwen35_0_8b | Qwen35_2b | Qwen35_4b | Qwen35_9b | Qwen35_27b | Qwen35Tiny => {
@@ -355,6 +392,42 @@ impl Preset {
                 rope_scaling: RopeScaling::llama3(32.0),
                 explicit_head_dim: true,
                 ..plain(128, 4, 4, 2, 384, 128_256, 500_000.0)
+            },
+            // HF config: rope_theta 1e6, max_position_embeddings 32768.
+            Mistral7bV03 => Shape {
+                n_ctx: 32_768,
+                ..plain(4096, 32, 32, 8, 14336, 32_768, 1_000_000.0)
+            },
+            // HF config (text_config): head_dim 128, rope_theta 1e6, 262144
+            // positions, YaRN factor 16 over 16384, beta 32/1, mscale_all_dim 1,
+            // llama_4_scaling_beta 0.1.
+            Ministral3_3b => Shape {
+                head_dim: 128,
+                n_rot: 128,
+                n_ctx: 262_144,
+                rope_scaling: Some(RopeScaling::Yarn(Yarn {
+                    factor: 16.0,
+                    orig_ctx: 16_384,
+                    beta: (32.0, 1.0),
+                    log_mul: 1.0,
+                    temp_scale: 0.1,
+                })),
+                explicit_head_dim: true,
+                ..plain(3072, 26, 32, 8, 9216, 131_072, 1_000_000.0)
+            },
+            Mistral3Tiny => Shape {
+                head_dim: 64,
+                n_rot: 64,
+                n_ctx: 4096,
+                rope_scaling: Some(RopeScaling::Yarn(Yarn {
+                    factor: 16.0,
+                    orig_ctx: 256,
+                    beta: (32.0, 1.0),
+                    log_mul: 1.0,
+                    temp_scale: 0.1,
+                })),
+                explicit_head_dim: true,
+                ..plain(128, 4, 4, 2, 384, 131_072, 1_000_000.0)
             },
             Qwen3_0_6b => qwen3(1024, 28, 16, 8, 128, 3072, 151_936),
             // intermediate_size 6144 is written as feed_forward_length but unused.

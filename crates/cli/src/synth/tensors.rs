@@ -60,7 +60,7 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
     w.set(&k("attention.head_count"), u(sh.n_head))
         .set(&k("attention.head_count_kv"), u(sh.n_head_kv));
     match sh.arch {
-        SynthArch::Llama | SynthArch::Qwen2 => {
+        SynthArch::Llama | SynthArch::Qwen2 | SynthArch::Mistral3 => {
             w.set(&k("rope.dimension_count"), u(sh.n_rot));
         }
         SynthArch::Qwen3 | SynthArch::Qwen3moe => {}
@@ -73,6 +73,16 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
                 Value::Array(ArrayValue::I32(sections)),
             );
         }
+    }
+    if let Some(RopeScaling::Yarn(y)) = sh.rope_scaling {
+        w.set(&k("rope.scaling.type"), Value::String("yarn".into()))
+            .set(&k("rope.scaling.factor"), Value::F32(y.factor))
+            .set(
+                &k("rope.scaling.original_context_length"),
+                u(y.orig_ctx as u64),
+            )
+            .set(&k("rope.scaling.yarn_beta_fast"), Value::F32(y.beta.0))
+            .set(&k("rope.scaling.yarn_beta_slow"), Value::F32(y.beta.1));
     }
     w.set(&k("rope.freq_base"), Value::F32(sh.rope_base)).set(
         &k("attention.layer_norm_rms_epsilon"),
@@ -113,6 +123,14 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
         }
     }
     w.set(&k("vocab_size"), u(n_vocab));
+    if let (SynthArch::Mistral3, Some(RopeScaling::Yarn(y))) = (sh.arch, sh.rope_scaling) {
+        // conversion/mistral3.py's Ministral3Model.
+        w.set(
+            &k("rope.scaling.yarn_log_multiplier"),
+            Value::F32(y.log_mul),
+        )
+        .set(&k("attention.temperature_scale"), Value::F32(y.temp_scale));
+    }
 }
 
 /// Splits `half` rotated pairs into the 3 used M-RoPE sections like Qwen3.5's
@@ -252,7 +270,10 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
                     add(n("attn_k.bias"), &[kv_dim], F32, Init::Uniform(0.1));
                     add(n("attn_v.bias"), &[kv_dim], F32, Init::Uniform(0.1));
                 }
-                if !matches!(sh.arch, SynthArch::Llama | SynthArch::Qwen2) {
+                if !matches!(
+                    sh.arch,
+                    SynthArch::Llama | SynthArch::Qwen2 | SynthArch::Mistral3
+                ) {
                     add(n("attn_q_norm.weight"), &[sh.head_dim], F32, ONE);
                     add(n("attn_k_norm.weight"), &[sh.head_dim], F32, ONE);
                 }
@@ -386,6 +407,42 @@ mod tests {
             f.metadata().get_u32("llama.attention.key_length").unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn mistral3_layout_and_metadata() {
+        let l = list(Preset::Ministral3_3b, false);
+        assert_eq!(l.len(), 3 + 26 * 9);
+        // head_dim 128 with 32 heads: Q is wider than the embedding.
+        assert_eq!(get(&l, "blk.0.attn_q.weight").shape, [3072, 4096]);
+        assert_eq!(get(&l, "blk.0.attn_k.weight").shape, [3072, 1024]);
+        assert_eq!(get(&l, "blk.25.attn_output.weight").shape, [4096, 3072]);
+        assert_eq!(get(&l, "blk.0.ffn_gate.weight").shape, [3072, 9216]);
+        assert!(l.iter().all(|s| !s.name.contains("attn_q_norm")));
+
+        let sh = Preset::Ministral3_3b.shape(SynthArch::Mistral3);
+        let mut w = GgufWriter::new();
+        metadata(&sh, false, 131_072, &mut w);
+        let bytes = w.to_bytes(|_| Vec::new()).expect("serialises");
+        let f = tempo9_gguf::GgufFile::from_bytes(bytes).expect("parses");
+        let m = f.metadata();
+        let f32_key = |k: &str| m.get_f32(&format!("mistral3.{k}")).unwrap();
+        let u32_key = |k: &str| m.get_u32(&format!("mistral3.{k}")).unwrap();
+        assert_eq!(
+            m.get_str("mistral3.rope.scaling.type").unwrap(),
+            Some("yarn")
+        );
+        assert_eq!(f32_key("rope.scaling.factor"), Some(16.0));
+        assert_eq!(
+            u32_key("rope.scaling.original_context_length"),
+            Some(16_384)
+        );
+        assert_eq!(f32_key("rope.scaling.yarn_beta_fast"), Some(32.0));
+        assert_eq!(f32_key("rope.scaling.yarn_log_multiplier"), Some(1.0));
+        assert_eq!(f32_key("attention.temperature_scale"), Some(0.1));
+        assert_eq!(u32_key("attention.key_length"), Some(128));
+        assert_eq!(u32_key("rope.dimension_count"), Some(128));
+        assert_eq!(u32_key("context_length"), Some(262_144));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! attention with grouped-query heads, SwiGLU feed-forward. Llama 3.1+ files carry
 //! `rope_freqs.weight`, per-pair frequency divisors (the converter computes them from
 //! the checkpoint's `llama3` rope scaling) that every layer's rope applies. Qwen2
-//! reuses this graph with Q/K/V biases.
+//! reuses this graph with Q/K/V biases, Mistral 3 with query temperature scaling.
 
 use tempo9_ggml::Tensor;
 use tempo9_gguf::GgufFile;
@@ -38,8 +38,9 @@ impl Llama {
         let (e, v) = (hp.n_embd, hp.n_vocab);
         let (q_dim, k_dim, v_dim) = (hp.n_head * hp.head_dim, hp.n_embd_k(), hp.n_embd_v());
         let emb = specs.add_embeddings(file, e, v);
-        // llama.cpp reads the divisors for the llama architecture only.
-        let has_freqs = hp.arch == Arch::Llama && file.tensor("rope_freqs.weight").is_some();
+        // llama.cpp reads the divisors for these architectures only.
+        let has_freqs = matches!(hp.arch, Arch::Llama | Arch::Mistral3)
+            && file.tensor("rope_freqs.weight").is_some();
         let rope_freqs = has_freqs.then(|| {
             let n_rot = hp.rope.n_dims as usize;
             specs.add("rope_freqs.weight", &[n_rot / 2], Elementwise)
@@ -90,6 +91,7 @@ impl Llama {
             let q = b.rope_with_factors(b.heads(q, hp.n_head, hp.head_dim), il, self.rope_freqs);
             let k = b.rope_with_factors(b.heads(k, hp.n_head_kv, hp.head_dim), il, self.rope_freqs);
             let v = b.heads(v, hp.n_head_kv, hp.head_dim_v);
+            let q = b.attn_temperature(q);
             let mut a = b.attention(il, q, k, v, hp.attn_scale);
             a = b.linear(l.wo, a, None);
             let mut residual = x;

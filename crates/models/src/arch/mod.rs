@@ -2,6 +2,7 @@
 
 pub(crate) mod gemma3;
 pub(crate) mod llama;
+pub(crate) mod mistral3;
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
 pub(crate) mod qwen35;
