@@ -634,3 +634,8 @@ fn parity_llama3_tiny_matches_llama_cpp_alone_and_batched() {
 fn parity_mistral3_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[5].0, SYNTH_MODELS[5].1);
 }
+
+#[test]
+fn parity_gpt_oss_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[6].0, SYNTH_MODELS[6].1);
+}

@@ -26,11 +26,15 @@ pub enum Arch {
     /// Mistral 3 (Ministral 3, Mistral Small 3.x text): the Llama graph with YaRN
     /// rope scaling and position-dependent query temperature scaling.
     Mistral3,
+    /// GPT-OSS: sliding-window (every other layer) and full attention with Q/K/V/O
+    /// biases and per-head attention sinks, YaRN, routed experts (MXFP4) with biases,
+    /// softmax over the top-k router logits and a clamped SwiGLU.
+    GptOss,
 }
 
 impl Arch {
     /// Every supported architecture, in the order error messages list them.
-    pub const ALL: [Arch; 8] = [
+    pub const ALL: [Arch; 9] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Gemma3,
@@ -39,6 +43,7 @@ impl Arch {
         Arch::Qwen35,
         Arch::Qwen35Moe,
         Arch::Mistral3,
+        Arch::GptOss,
     ];
 
     /// The supported architectures' GGUF names, comma-separated.
@@ -62,12 +67,13 @@ impl Arch {
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Mistral3 => "mistral3",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
     /// Whether the feed-forward is a mixture of experts.
     pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe)
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::GptOss)
     }
 
     /// Whether some layers are gated-DeltaNet layers with a recurrent state.
@@ -346,7 +352,7 @@ impl HParams {
         let yarn = yarn_params(md, &key, arch, scaling == "yarn", freq_scale)?;
         let mode = match arch {
             Arch::Llama | Arch::Mistral3 => 0,
-            Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe => 2,
+            Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => 2,
             // GGML_ROPE_TYPE_IMROPE: interleaved multi-section rope.
             Arch::Qwen35 | Arch::Qwen35Moe => 40,
         };
@@ -365,6 +371,25 @@ impl HParams {
         let mut swa_window = None;
         let mut is_swa = vec![false; n_layer];
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        if arch == Arch::GptOss {
+            // Every other layer slides (llama.cpp: load_swa_pattern(ml, 2)), with the
+            // full layers' rope unless the file gives the sliding layers a base.
+            let w = req_u32("attention.sliding_window")?;
+            if w == 0 {
+                return bad("attention.sliding_window is 0".into());
+            }
+            swa_window = Some(w as u32);
+            let pattern = md
+                .get_u32(&key("attention.sliding_window_pattern"))?
+                .unwrap_or(2) as usize;
+            for (il, s) in is_swa.iter_mut().enumerate() {
+                *s = pattern == 0 || il % pattern < pattern - 1;
+            }
+            if let Some(b) = md.get_f32(&key("rope.freq_base_swa"))? {
+                rope_swa.freq_base = b;
+            }
+            attn_scale = 1.0 / (n_rot as f32).sqrt();
+        }
         if arch == Arch::Gemma3 {
             if let Some(w) = md
                 .get_u32(&key("attention.sliding_window"))?

@@ -372,6 +372,7 @@ impl Model {
                 Graphs::Gemma3(g) => g.build(&mut b),
                 Graphs::Qwen3(g) => g.build(&mut b),
                 Graphs::Qwen35(g) => g.build(&mut b),
+                Graphs::GptOss(g) => g.build(&mut b),
             };
             let out = if greedy { b.ctx.argmax(logits) } else { logits };
             out.set_output();

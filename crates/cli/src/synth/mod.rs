@@ -205,6 +205,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
             Kind::Weight => fallback(quant, t.shape[0]),
             Kind::Output => fallback(out_type, t.shape[0]),
             Kind::F32 => DType::F32,
+            Kind::Mxfp4 => DType::from_name("mxfp4").context("ggml has no mxfp4")?,
         };
         let gt = GgmlType::from_u32(dtype.raw()).context("ggml type unknown to the GGUF crate")?;
         w.add_tensor(&t.name, &t.shape, gt)?;

@@ -23,6 +23,10 @@ pub enum SynthArch {
     /// Mistral 3 (Ministral 3): the Llama layout with YaRN rope scaling and query
     /// temperature scaling.
     Mistral3,
+    /// GPT-OSS: alternating sliding-window (128) and full attention with biases and
+    /// sinks, YaRN, MXFP4 routed experts with biases.
+    #[value(name = "gpt-oss")]
+    GptOss,
 }
 
 impl SynthArch {
@@ -36,6 +40,7 @@ impl SynthArch {
             SynthArch::Qwen35 => "qwen35",
             SynthArch::Qwen35moe => "qwen35moe",
             SynthArch::Mistral3 => "mistral3",
+            SynthArch::GptOss => "gpt-oss",
         }
     }
 
@@ -53,6 +58,7 @@ impl SynthArch {
             SynthArch::Qwen35 => Preset::Qwen35_0_8b,
             SynthArch::Qwen35moe => Preset::Qwen35_35bA3b,
             SynthArch::Mistral3 => Preset::Ministral3_3b,
+            SynthArch::GptOss => Preset::GptOss20b,
         }
     }
 }
@@ -130,6 +136,15 @@ pub enum Preset {
     /// at the original length, both act within the test prompts), 131072 tokens.
     #[value(name = "mistral3-tiny")]
     Mistral3Tiny,
+    /// GPT-OSS-20B (gpt-oss: 2880 wide, 24 layers, 64/8 heads of 64, sliding window
+    /// 128 on even layers, YaRN by 32 over 4096, 32 MXFP4 experts of 2880, 4 used,
+    /// 201088 tokens).
+    #[value(name = "gpt-oss-20b")]
+    GptOss20b,
+    /// Test shape, gpt-oss: 128 wide, 4 layers, 4/2 heads of 64, window 128, 8
+    /// experts of 64 (MXFP4), 2 used, 201088 tokens.
+    #[value(name = "gpt-oss-tiny")]
+    GptOssTiny,
     /// Test shape, qwen3: 128 wide, 4 layers, 4/2 heads of 64, 151936 tokens.
     #[value(name = "qwen3-tiny")]
     Qwen3Tiny,
@@ -274,6 +289,8 @@ pub struct Shape {
     pub gdn: Option<Gdn>,
     /// Rotary scaling.
     pub rope_scaling: Option<RopeScaling>,
+    /// `attention.sliding_window` (GPT-OSS).
+    pub swa_window: Option<u32>,
     /// Whether the HF config names `head_dim` (the converter then writes
     /// `attention.key_length` / `value_length`).
     pub explicit_head_dim: bool,
@@ -287,6 +304,7 @@ impl Preset {
             S135m | S0_5b | S1b | S7b | S8b => None,
             Llama32_1b | Llama31_8b | Llama3Tiny | Mistral7bV03 => Some(SynthArch::Llama),
             Ministral3_3b | Mistral3Tiny => Some(SynthArch::Mistral3),
+            GptOss20b | GptOssTiny => Some(SynthArch::GptOss),
             Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
             Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
             Qwen35_0_8b | Qwen35_2b | Qwen35_4b | Qwen35_9b | Qwen35_27b | Qwen35Tiny => {
@@ -316,6 +334,7 @@ impl Preset {
             moe: None,
             gdn: None,
             rope_scaling: None,
+            swa_window: None,
             explicit_head_dim: false,
         };
         // Qwen3 (HF config.json): rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
@@ -335,6 +354,7 @@ impl Preset {
             moe: None,
             gdn: None,
             rope_scaling: None,
+            swa_window: None,
             explicit_head_dim: true,
         };
         // Qwen3.5: rope_theta 1e7, partial_rotary_factor 0.25, 262144 positions,
@@ -355,6 +375,7 @@ impl Preset {
             moe: None,
             gdn: Some(gdn),
             rope_scaling: None,
+            swa_window: None,
             explicit_head_dim: true,
         };
         let gdn = |d_state, n_k_heads, n_v_heads| Gdn {
@@ -371,6 +392,27 @@ impl Preset {
                 n_ff_exp,
                 n_ff_shexp,
             })
+        };
+        // GPT-OSS (HF config): head_dim 64, rope_theta 150000, 131072 positions,
+        // YaRN factor 32 over 4096 (beta 32/1), sliding_window 128,
+        // intermediate_size = the experts' width, 201088 tokens.
+        let gpt_oss = |n_embd, n_layer, n_head, n_head_kv, moe: Option<Moe>| Shape {
+            head_dim: 64,
+            n_rot: 64,
+            n_ff: moe.map_or(0, |m| m.n_ff_exp),
+            n_vocab: 201_088,
+            n_ctx: 131_072,
+            moe,
+            rope_scaling: Some(RopeScaling::Yarn(Yarn {
+                factor: 32.0,
+                orig_ctx: 4096,
+                beta: (32.0, 1.0),
+                log_mul: 0.0,
+                temp_scale: 0.0,
+            })),
+            swa_window: Some(128),
+            explicit_head_dim: true,
+            ..plain(n_embd, n_layer, n_head, n_head_kv, 0, 201_088, 150_000.0)
         };
         match self {
             S135m => plain(576, 30, 9, 3, 1536, 49152, 100_000.0),
@@ -429,6 +471,8 @@ impl Preset {
                 explicit_head_dim: true,
                 ..plain(128, 4, 4, 2, 384, 131_072, 1_000_000.0)
             },
+            GptOss20b => gpt_oss(2880, 24, 64, 8, moe(32, 4, 2880, None)),
+            GptOssTiny => gpt_oss(128, 4, 4, 2, moe(8, 2, 64, None)),
             Qwen3_0_6b => qwen3(1024, 28, 16, 8, 128, 3072, 151_936),
             // intermediate_size 6144 is written as feed_forward_length but unused.
             Qwen3_30bA3b => Shape {

@@ -29,6 +29,9 @@ pub enum Kind {
     Output,
     /// Always F32: 1-D tensors, norms, routers, conv kernels (the converter forces these).
     F32,
+    /// GPT-OSS's routed experts: MXFP4, as the checkpoint ships them (the converter
+    /// repacks them without requantizing).
+    Mxfp4,
 }
 
 /// One tensor of the file.
@@ -63,7 +66,7 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
         SynthArch::Llama | SynthArch::Qwen2 | SynthArch::Mistral3 => {
             w.set(&k("rope.dimension_count"), u(sh.n_rot));
         }
-        SynthArch::Qwen3 | SynthArch::Qwen3moe => {}
+        SynthArch::Qwen3 | SynthArch::Qwen3moe | SynthArch::GptOss => {}
         SynthArch::Qwen35 | SynthArch::Qwen35moe => {
             // Text positions are equal in all sections, so only their sum (the
             // rotated pairs, n_rot / 2) matters to the numbers.
@@ -73,6 +76,9 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
                 Value::Array(ArrayValue::I32(sections)),
             );
         }
+    }
+    if let Some(w_swa) = sh.swa_window {
+        w.set(&k("attention.sliding_window"), u(w_swa as u64));
     }
     if let Some(RopeScaling::Yarn(y)) = sh.rope_scaling {
         w.set(&k("rope.scaling.type"), Value::String("yarn".into()))
@@ -265,22 +271,33 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
                 add(n("attn_q.weight"), &[e, q_rows], Weight, unit(e));
                 add(n("attn_k.weight"), &[e, kv_dim], Weight, unit(e));
                 add(n("attn_v.weight"), &[e, kv_dim], Weight, unit(e));
-                if sh.arch == SynthArch::Qwen2 {
+                if matches!(sh.arch, SynthArch::Qwen2 | SynthArch::GptOss) {
                     add(n("attn_q.bias"), &[q_dim], F32, Init::Uniform(0.1));
                     add(n("attn_k.bias"), &[kv_dim], F32, Init::Uniform(0.1));
                     add(n("attn_v.bias"), &[kv_dim], F32, Init::Uniform(0.1));
                 }
                 if !matches!(
                     sh.arch,
-                    SynthArch::Llama | SynthArch::Qwen2 | SynthArch::Mistral3
+                    SynthArch::Llama | SynthArch::Qwen2 | SynthArch::Mistral3 | SynthArch::GptOss
                 ) {
                     add(n("attn_q_norm.weight"), &[sh.head_dim], F32, ONE);
                     add(n("attn_k_norm.weight"), &[sh.head_dim], F32, ONE);
                 }
                 add(n("attn_output.weight"), &[q_dim, e], Weight, branch(q_dim));
+                if sh.arch == SynthArch::GptOss {
+                    add(n("attn_output.bias"), &[e], F32, Init::Uniform(0.02));
+                    // Sink logits of a few units: comparable to the scores, so they
+                    // take a visible share of each softmax.
+                    add(
+                        n("attn_sinks.weight"),
+                        &[sh.n_head],
+                        F32,
+                        Init::Uniform(1.0),
+                    );
+                }
             }
         }
-        let ffn_norm = if sh.arch.is_hybrid() {
+        let ffn_norm = if sh.arch.is_hybrid() || sh.arch == SynthArch::GptOss {
             "post_attention_norm.weight"
         } else {
             "ffn_norm.weight"
@@ -291,9 +308,21 @@ pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
                 // Router logits of unit spread: top-k choices change from token to token.
                 add(n("ffn_gate_inp.weight"), &[e, m.n_expert], F32, unit(e));
                 let (f, x) = (m.n_ff_exp, m.n_expert);
-                add(n("ffn_gate_exps.weight"), &[e, f, x], Weight, unit(e));
-                add(n("ffn_up_exps.weight"), &[e, f, x], Weight, unit(e));
-                add(n("ffn_down_exps.weight"), &[f, e, x], Weight, branch(f));
+                let (exps, oai) = match sh.arch {
+                    SynthArch::GptOss => (Kind::Mxfp4, true),
+                    _ => (Weight, false),
+                };
+                if oai {
+                    add(n("ffn_gate_inp.bias"), &[x], F32, Init::Uniform(0.1));
+                }
+                add(n("ffn_gate_exps.weight"), &[e, f, x], exps, unit(e));
+                add(n("ffn_up_exps.weight"), &[e, f, x], exps, unit(e));
+                add(n("ffn_down_exps.weight"), &[f, e, x], exps, branch(f));
+                if oai {
+                    add(n("ffn_gate_exps.bias"), &[f, x], F32, Init::Uniform(0.1));
+                    add(n("ffn_up_exps.bias"), &[f, x], F32, Init::Uniform(0.1));
+                    add(n("ffn_down_exps.bias"), &[e, x], F32, Init::Uniform(0.02));
+                }
                 if let Some(s) = m.n_ff_shexp {
                     // HF shared_expert_gate is a Linear(n_embd, 1): ne {n_embd, 1}.
                     add(n("ffn_gate_inp_shexp.weight"), &[e, 1], F32, unit(e));
@@ -443,6 +472,59 @@ mod tests {
         assert_eq!(u32_key("attention.key_length"), Some(128));
         assert_eq!(u32_key("rope.dimension_count"), Some(128));
         assert_eq!(u32_key("context_length"), Some(262_144));
+    }
+
+    #[test]
+    fn gpt_oss_layout_and_metadata() {
+        let l = list(Preset::GptOss20b, false);
+        // Per layer: 2 norms, Q/K/V/O weights and biases, sinks, the router and its
+        // bias, 3 experts and their 3 biases.
+        assert_eq!(l.len(), 3 + 24 * 19);
+        assert_eq!(get(&l, "blk.0.attn_q.weight").shape, [2880, 4096]);
+        assert_eq!(get(&l, "blk.0.attn_q.bias").shape, [4096]);
+        assert_eq!(get(&l, "blk.0.attn_k.weight").shape, [2880, 512]);
+        assert_eq!(get(&l, "blk.0.attn_output.weight").shape, [4096, 2880]);
+        assert_eq!(get(&l, "blk.0.attn_output.bias").shape, [2880]);
+        let s = get(&l, "blk.3.attn_sinks.weight");
+        assert_eq!((s.shape.as_slice(), s.kind), (&[64][..], Kind::F32));
+        assert_eq!(get(&l, "blk.0.post_attention_norm.weight").shape, [2880]);
+        assert_eq!(get(&l, "blk.0.ffn_gate_inp.bias").shape, [32]);
+        let g = get(&l, "blk.0.ffn_gate_exps.weight");
+        assert_eq!(
+            (g.shape.as_slice(), g.kind),
+            (&[2880, 2880, 32][..], Kind::Mxfp4)
+        );
+        assert_eq!(get(&l, "blk.0.ffn_down_exps.weight").kind, Kind::Mxfp4);
+        assert_eq!(get(&l, "blk.0.ffn_up_exps.bias").shape, [2880, 32]);
+        assert_eq!(get(&l, "blk.0.ffn_down_exps.bias").shape, [2880, 32]);
+        assert!(l.iter().all(|s| !s.name.contains("ffn_norm")));
+
+        let sh = Preset::GptOss20b.shape(SynthArch::GptOss);
+        let mut w = GgufWriter::new();
+        metadata(&sh, false, 201_088, &mut w);
+        let bytes = w.to_bytes(|_| Vec::new()).expect("serialises");
+        let f = tempo9_gguf::GgufFile::from_bytes(bytes).expect("parses");
+        let m = f.metadata();
+        let u32_key = |k: &str| m.get_u32(&format!("gpt-oss.{k}")).unwrap();
+        assert_eq!(u32_key("attention.sliding_window"), Some(128));
+        assert_eq!(u32_key("expert_count"), Some(32));
+        assert_eq!(u32_key("expert_used_count"), Some(4));
+        assert_eq!(u32_key("expert_feed_forward_length"), Some(2880));
+        assert_eq!(u32_key("attention.key_length"), Some(64));
+        assert_eq!(u32_key("rope.scaling.original_context_length"), Some(4096));
+        assert_eq!(
+            m.get_f32("gpt-oss.rope.scaling.factor").unwrap(),
+            Some(32.0)
+        );
+        assert_eq!(
+            m.get_f32("gpt-oss.rope.freq_base").unwrap(),
+            Some(150_000.0)
+        );
+        // Mistral 3's keys only.
+        assert_eq!(
+            m.get_f32("gpt-oss.attention.temperature_scale").unwrap(),
+            None
+        );
     }
 
     #[test]
