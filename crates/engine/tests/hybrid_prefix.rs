@@ -19,7 +19,7 @@ const EVERY: usize = 1024;
 const PS: usize = 64;
 
 fn hybrids() -> Vec<(&'static str, Arc<Model>, Arc<Tokenizer>)> {
-    SYNTH_MODELS[2..]
+    SYNTH_MODELS[2..4]
         .iter()
         .filter_map(|&(name, file)| {
             let model = load(file)?;

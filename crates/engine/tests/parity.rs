@@ -624,3 +624,18 @@ fn parity_qwen35_tiny_matches_llama_cpp_alone_and_batched() {
 fn parity_qwen35moe_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[3].0, SYNTH_MODELS[3].1);
 }
+
+#[test]
+fn parity_llama3_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[4].0, SYNTH_MODELS[4].1);
+}
+
+#[test]
+fn parity_mistral3_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[5].0, SYNTH_MODELS[5].1);
+}
+
+#[test]
+fn parity_gpt_oss_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[6].0, SYNTH_MODELS[6].1);
+}

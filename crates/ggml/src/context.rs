@@ -237,6 +237,59 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_soft_max_ext(c, a.raw(), mask.raw(), scale, 0.0) })
     }
 
+    /// Adds per-head attention sinks (F32 `[n_head]`: one extra logit per head that
+    /// takes part in the softmax's normalisation but has no value) to a
+    /// [`Context::soft_max_ext`] node `kq` `[n_kv, n_q, n_head]`.
+    pub fn soft_max_add_sinks<'a>(&'a self, kq: Tensor<'a>, sinks: Tensor<'a>) {
+        assert!(
+            sinks.dtype() == DType::F32 && sinks.ne()[0] == kq.ne()[2],
+            "soft_max sinks {:?} for {:?}",
+            sinks.ne(),
+            kq.ne()
+        );
+        // SAFETY: kq is a soft_max node of this context; shapes checked.
+        unsafe { sys::ggml_soft_max_add_sinks(kq.raw(), sinks.raw()) }
+    }
+
+    /// Attention sinks (F32 `[n_head]`) for a [`Context::flash_attn`] node `fa`
+    /// (`[d_v, n_head, n_q]`); see [`Context::soft_max_add_sinks`].
+    pub fn flash_attn_add_sinks<'a>(&'a self, fa: Tensor<'a>, sinks: Tensor<'a>) {
+        assert!(
+            sinks.dtype() == DType::F32 && sinks.ne()[0] == fa.ne()[1],
+            "flash_attn sinks {:?} for {:?}",
+            sinks.ne(),
+            fa.ne()
+        );
+        // SAFETY: fa is a flash-attention node of this context; shapes checked.
+        unsafe { sys::ggml_flash_attn_ext_add_sinks(fa.raw(), sinks.raw()) }
+    }
+
+    /// `a[i0, i1, i2] + b[i0, ids[i1, i2]]`: per selected expert, that expert's
+    /// bias row (`a` `[n, k, n_t]`, `b` `[n, n_expert]` F32, `ids` `[k, n_t]` I32).
+    pub fn add_id<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        let (an, bn, idn) = (a.ne(), b.ne(), ids.ne());
+        assert!(
+            an[0] == bn[0] && idn[0] == an[1] && idn[1] == an[2] && ids.dtype() == DType::I32,
+            "add_id shapes {an:?} + {bn:?} by {idn:?}"
+        );
+        // SAFETY: shapes checked above.
+        self.op1(|c| unsafe { sys::ggml_add_id(c, a.raw(), b.raw(), ids.raw()) })
+    }
+
+    /// GPT-OSS's clamped SwiGLU: `g = min(a, limit)`, `u = clamp(b, -limit, limit)`,
+    /// `g * sigmoid(alpha * g) * (u + 1)`.
+    pub fn swiglu_oai<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        b: Tensor<'a>,
+        alpha: f32,
+        limit: f32,
+    ) -> Tensor<'a> {
+        assert_eq!(a.ne(), b.ne(), "swiglu_oai: shape mismatch");
+        // SAFETY: shapes checked.
+        self.op1(|c| unsafe { sys::ggml_swiglu_oai(c, a.raw(), b.raw(), alpha, limit) })
+    }
+
     fn check_repeat(a: Tensor<'_>, b: Tensor<'_>, op: &str) {
         // SAFETY: live tensors.
         assert!(
@@ -288,16 +341,33 @@ impl Context {
     }
 
     /// Rotary position embedding of `a` (`[head_dim, n_head, n_tokens]`) at the I32 positions `pos`.
-    pub fn rope<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, p: &RopeParams) -> Tensor<'a> {
+    /// `freq_factors` (F32, `n_dims / 2`), when given, divides each rotated pair's
+    /// frequency (Llama 3's `rope_freqs.weight`).
+    pub fn rope<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        freq_factors: Option<Tensor<'a>>,
+        p: &RopeParams,
+    ) -> Tensor<'a> {
         assert_eq!(a.ne()[2], pos.ne()[0], "rope: one position per token");
         assert!(pos.dtype() == DType::I32);
+        if let Some(f) = freq_factors {
+            assert!(
+                f.dtype() == DType::F32 && f.ne()[0] >= i64::from(p.n_dims / 2),
+                "rope: freq factors {:?} for {} rotated dims",
+                f.ne(),
+                p.n_dims
+            );
+        }
+        let factors = freq_factors.map_or(std::ptr::null_mut(), |f| f.raw());
         // SAFETY: shapes checked.
         self.op1(|c| unsafe {
             sys::ggml_rope_ext(
                 c,
                 a.raw(),
                 pos.raw(),
-                std::ptr::null_mut(),
+                factors,
                 p.n_dims,
                 p.mode,
                 p.n_ctx_orig,

@@ -8,7 +8,7 @@ use crate::ModelError;
 /// Supported architectures (`general.architecture`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
-    /// Llama family (SmolLM2, Llama 2/3 without rope scaling).
+    /// Llama family (SmolLM2, Llama 2/3 with Llama 3 rope frequency factors, Mistral 7B).
     Llama,
     /// Qwen2 / Qwen2.5: Llama with Q/K/V biases and NeoX rope.
     Qwen2,
@@ -23,21 +23,37 @@ pub enum Arch {
     Qwen35,
     /// Qwen3.5-MoE: Qwen3.5 with routed experts plus a gated shared expert.
     Qwen35Moe,
+    /// Mistral 3 (Ministral 3, Mistral Small 3.x text): the Llama graph with YaRN
+    /// rope scaling and position-dependent query temperature scaling.
+    Mistral3,
+    /// GPT-OSS: sliding-window (every other layer) and full attention with Q/K/V/O
+    /// biases and per-head attention sinks, YaRN, routed experts (MXFP4) with biases,
+    /// softmax over the top-k router logits and a clamped SwiGLU.
+    GptOss,
 }
 
 impl Arch {
+    /// Every supported architecture, in the order error messages list them.
+    pub const ALL: [Arch; 9] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Gemma3,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Qwen35,
+        Arch::Qwen35Moe,
+        Arch::Mistral3,
+        Arch::GptOss,
+    ];
+
+    /// The supported architectures' GGUF names, comma-separated.
+    pub fn supported_list() -> String {
+        Arch::ALL.map(Arch::name).join(", ")
+    }
+
     /// Parses an architecture name; `None` for architectures Tempo9 does not run yet.
     pub fn from_name(name: &str) -> Option<Arch> {
-        match name {
-            "llama" => Some(Arch::Llama),
-            "qwen2" => Some(Arch::Qwen2),
-            "gemma3" => Some(Arch::Gemma3),
-            "qwen3" => Some(Arch::Qwen3),
-            "qwen3moe" => Some(Arch::Qwen3Moe),
-            "qwen35" => Some(Arch::Qwen35),
-            "qwen35moe" => Some(Arch::Qwen35Moe),
-            _ => None,
-        }
+        Arch::ALL.into_iter().find(|a| a.name() == name)
     }
 
     /// The GGUF architecture name.
@@ -50,12 +66,14 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::Mistral3 => "mistral3",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
     /// Whether the feed-forward is a mixture of experts.
     pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe)
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::GptOss)
     }
 
     /// Whether some layers are gated-DeltaNet layers with a recurrent state.
@@ -112,6 +130,81 @@ impl SsmParams {
     }
 }
 
+/// Position-dependent query scaling (Llama 4's attention temperature, Mistral 3):
+/// queries at position `p` are multiplied by `1 + scale * ln(floor(p / floor) + 1)`,
+/// 1 below `floor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnTemp {
+    /// `attention.temperature_scale` (HF `llama_4_scaling_beta`).
+    pub scale: f32,
+    /// Positions per step of the logarithm: YaRN's original context length.
+    pub floor: u32,
+}
+
+impl AttnTemp {
+    /// The query scale at position `pos`, computed as llama.cpp does
+    /// (`llm_graph_input_attn_temp::set_input`: F32 floor, F64 logarithm).
+    pub fn at(&self, pos: i32) -> f32 {
+        let steps = (pos as f32 / self.floor as f32).floor();
+        ((f64::from(steps) + 1.0).ln() * f64::from(self.scale) + 1.0) as f32
+    }
+}
+
+/// The YaRN part of the rope parameters.
+struct Yarn {
+    ext_factor: f32,
+    attn_factor: f32,
+    beta_fast: f32,
+    beta_slow: f32,
+}
+
+/// YaRN's parameters as llama.cpp derives them (`llama_context`'s constructor):
+/// with YaRN scaling the extrapolation mix is 1 and the magnitude factor is
+/// `mscale(factor, 1) / mscale(factor, yarn_log_multiplier)` (or `mscale(factor, 1)`
+/// without a multiplier), divided by the `1 + 0.1 ln(factor)` ggml's rope applies
+/// itself, times `rope.scaling.attn_factor`. The beta keys and the multiplier are
+/// read only for the architectures whose llama.cpp loader reads them.
+fn yarn_params(
+    md: &tempo9_gguf::Metadata,
+    key: &dyn Fn(&str) -> String,
+    arch: Arch,
+    is_yarn: bool,
+    freq_scale: f32,
+) -> Result<Yarn, ModelError> {
+    let arch_keys = matches!(arch, Arch::Mistral3);
+    let opt = |k: &str, default: f32| -> Result<f32, ModelError> {
+        Ok(match arch_keys {
+            true => md.get_f32(&key(k))?.unwrap_or(default),
+            false => default,
+        })
+    };
+    let beta_fast = opt("rope.scaling.yarn_beta_fast", 32.0)?;
+    let beta_slow = opt("rope.scaling.yarn_beta_slow", 1.0)?;
+    let log_mul = opt("rope.scaling.yarn_log_multiplier", 0.0)?;
+    let rope_attn = md.get_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+    let mut y = Yarn {
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        beta_fast,
+        beta_slow,
+    };
+    if is_yarn {
+        let mscale = |scale: f32, m: f32| match scale <= 1.0 {
+            true => 1.0,
+            false => 0.1 * m * scale.ln() + 1.0,
+        };
+        let factor = 1.0 / freq_scale;
+        y.ext_factor = 1.0;
+        y.attn_factor = match log_mul != 0.0 {
+            true => mscale(factor, 1.0) / mscale(factor, log_mul),
+            false => mscale(factor, 1.0),
+        };
+        y.attn_factor *= 1.0 / (1.0 + 0.1 * factor.ln());
+    }
+    y.attn_factor *= rope_attn;
+    Ok(y)
+}
+
 /// Model shape and numerics shared by all architectures.
 #[derive(Debug, Clone)]
 pub struct HParams {
@@ -157,6 +250,8 @@ pub struct HParams {
     pub is_recurrent: Vec<bool>,
     /// Trailing multi-token-prediction blocks in the file (loaded by name, not run).
     pub n_nextn: usize,
+    /// Position-dependent query scaling (Mistral 3), if the file asks for it.
+    pub attn_temp: Option<AttnTemp>,
 }
 
 impl HParams {
@@ -239,35 +334,62 @@ impl HParams {
         let factor = md.get_f32(&key("rope.scaling.factor"))?.unwrap_or(0.0);
         let freq_scale = match scaling {
             "none" => 1.0,
-            "linear" if factor > 0.0 => 1.0 / factor,
-            "linear" => 1.0,
+            "linear" | "yarn" if factor > 0.0 => 1.0 / factor,
+            "linear" | "yarn" => 1.0,
             other => {
                 return Err(ModelError::Unsupported(format!(
                     "rope scaling type {other}"
                 )))
             }
         };
+        // YaRN's original context (llama.cpp: n_ctx_orig_yarn).
+        let n_ctx_orig = md
+            .get_u32(&key("rope.scaling.original_context_length"))?
+            .map_or(n_ctx_train, |v| v as usize);
+        if n_ctx_orig == 0 {
+            return bad("rope.scaling.original_context_length is 0".into());
+        }
+        let yarn = yarn_params(md, &key, arch, scaling == "yarn", freq_scale)?;
         let mode = match arch {
-            Arch::Llama => 0,
-            Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe => 2,
+            Arch::Llama | Arch::Mistral3 => 0,
+            Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => 2,
             // GGML_ROPE_TYPE_IMROPE: interleaved multi-section rope.
             Arch::Qwen35 | Arch::Qwen35Moe => 40,
         };
         let rope = RopeParams {
             n_dims: n_rot as i32,
             mode,
-            n_ctx_orig: n_ctx_train as i32,
+            n_ctx_orig: n_ctx_orig as i32,
             freq_base,
             freq_scale,
-            ext_factor: 0.0,
-            attn_factor: 1.0,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
+            ext_factor: yarn.ext_factor,
+            attn_factor: yarn.attn_factor,
+            beta_fast: yarn.beta_fast,
+            beta_slow: yarn.beta_slow,
         };
         let mut rope_swa = rope;
         let mut swa_window = None;
         let mut is_swa = vec![false; n_layer];
         let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        if arch == Arch::GptOss {
+            // Every other layer slides (llama.cpp: load_swa_pattern(ml, 2)), with the
+            // full layers' rope unless the file gives the sliding layers a base.
+            let w = req_u32("attention.sliding_window")?;
+            if w == 0 {
+                return bad("attention.sliding_window is 0".into());
+            }
+            swa_window = Some(w as u32);
+            let pattern = md
+                .get_u32(&key("attention.sliding_window_pattern"))?
+                .unwrap_or(2) as usize;
+            for (il, s) in is_swa.iter_mut().enumerate() {
+                *s = pattern == 0 || il % pattern < pattern - 1;
+            }
+            if let Some(b) = md.get_f32(&key("rope.freq_base_swa"))? {
+                rope_swa.freq_base = b;
+            }
+            attn_scale = 1.0 / (n_rot as f32).sqrt();
+        }
         if arch == Arch::Gemma3 {
             if let Some(w) = md
                 .get_u32(&key("attention.sliding_window"))?
@@ -400,6 +522,16 @@ impl HParams {
             }
             false => None,
         };
+        let attn_temp = match arch {
+            Arch::Mistral3 => md
+                .get_f32(&key("attention.temperature_scale"))?
+                .filter(|&s| s != 0.0)
+                .map(|scale| AttnTemp {
+                    scale,
+                    floor: n_ctx_orig as u32,
+                }),
+            _ => None,
+        };
         let n_vocab = f
             .tensor("token_embd.weight")
             .map(|t| t.shape.get(1).copied().unwrap_or(0) as usize)
@@ -429,6 +561,7 @@ impl HParams {
             ssm,
             is_recurrent,
             n_nextn,
+            attn_temp,
         })
     }
 

@@ -13,6 +13,8 @@ pub(crate) struct Inputs<'a> {
     pub pos: Tensor<'a>,
     /// Four positions per token, section-major, for multi-section rope (Qwen3.5).
     pub pos_multi: Option<Tensor<'a>>,
+    /// Per-token query scale `[1, 1, n_tokens]` F32 ([`crate::AttnTemp`]).
+    pub attn_temp: Option<Tensor<'a>>,
     /// The step's recurrent-state ops (see [`crate::deltanet`]).
     pub states: Vec<crate::deltanet::StateInputs<'a>>,
     /// Per cache group, the cell each token's K/V goes to in the group's pools.
@@ -78,11 +80,12 @@ pub(crate) struct Builder<'a> {
 /// One query row's attention without flash attention: `q` `[d, 1, n_head]`, `k`
 /// `[d, n_kv, n_head_kv]` (an F16 view of the window), `v_pool` a V pool
 /// `[d_v * n_head_kv, n_cells]` (F16) and `cells` (I32) the window's cells in it,
-/// `mask` `[n_kv, 1]` F16. Scores by a matmul (consecutive query heads share a KV
+/// `mask` `[n_kv, 1]` F16, `sinks` optional per-head sink logits. Scores by a matmul (consecutive query heads share a KV
 /// head, as in flash attention), softmax in F32, then the weighted sum of V rows as
 /// an outer product over the window's V rows gathered as F32 (`get_rows` converts
 /// whole rows with SIMD; ggml's F16 outer product and casts convert element by
 /// element). Returns `[d_v, 1, n_head]`.
+#[allow(clippy::too_many_arguments)]
 fn matmul_attention<'a>(
     ctx: &'a Context,
     q: Tensor<'a>,
@@ -91,10 +94,14 @@ fn matmul_attention<'a>(
     cells: Tensor<'a>,
     mask: Tensor<'a>,
     scale: f32,
+    sinks: Option<Tensor<'a>>,
 ) -> Tensor<'a> {
     let (n_kv, n_head, n_head_kv) = (k.ne()[1], q.ne()[2], k.ne()[2]);
     let kq = ctx.mul_mat(k, q); // [n_kv, 1, n_head]
     let p = ctx.soft_max_ext(kq, mask, scale);
+    if let Some(s) = sinks {
+        ctx.soft_max_add_sinks(p, s);
+    }
     let p = ctx.reshape(p, &[1, n_kv, n_head]);
     let v = ctx.get_rows(v_pool, cells); // [d_v * n_head_kv, n_kv] F32
     let dv = v.ne()[0] / n_head_kv;
@@ -273,11 +280,34 @@ impl<'a> Builder<'a> {
 
     /// Rotary embedding for layer `il`.
     pub fn rope(&self, x: Tensor<'a>, il: usize) -> Tensor<'a> {
+        self.rope_with_factors(x, il, None)
+    }
+
+    /// Rotary embedding for layer `il` with per-pair frequency divisors
+    /// (`rope_freqs.weight`: Llama 3's long-context scaling).
+    pub fn rope_with_factors(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        factors: Option<WeightId>,
+    ) -> Tensor<'a> {
         match (self.hp.rope_sections, self.inp.pos_multi) {
             (Some(sections), Some(pos)) => {
                 self.ctx.rope_multi(x, pos, self.hp.rope_for(il), sections)
             }
-            _ => self.ctx.rope(x, self.inp.pos, self.hp.rope_for(il)),
+            _ => {
+                let f = factors.map(|w| self.wt(w));
+                self.ctx.rope(x, self.inp.pos, f, self.hp.rope_for(il))
+            }
+        }
+    }
+
+    /// Queries `[dim, n_head, n_tokens]` times their position's temperature scale,
+    /// when the model has one ([`crate::AttnTemp`]); unchanged otherwise.
+    pub fn attn_temperature(&self, q: Tensor<'a>) -> Tensor<'a> {
+        match self.inp.attn_temp {
+            Some(s) => self.ctx.mul(q, s),
+            None => q,
         }
     }
 
@@ -293,6 +323,21 @@ impl<'a> Builder<'a> {
         v: Tensor<'a>,
         scale: f32,
     ) -> Tensor<'a> {
+        self.attention_with_sinks(il, q, k, v, scale, None)
+    }
+
+    /// [`Builder::attention`] with per-head attention sinks (`[n_head]` F32, GPT-OSS):
+    /// one more logit per head in each softmax's normalisation, with no value.
+    pub fn attention_with_sinks(
+        &mut self,
+        il: usize,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        scale: f32,
+        sinks: Option<WeightId>,
+    ) -> Tensor<'a> {
+        let sinks = sinks.map(|w| self.wt(w));
         let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
         // A view, not a reshape, of the (roped, contiguous) K: ggml-cuda fuses
         // rope → view → set_rows into one kernel (a reshape breaks the pattern).
@@ -310,7 +355,7 @@ impl<'a> Builder<'a> {
         let mut outs: Vec<Tensor<'a>> = Vec::with_capacity(ops.len());
         for op in &ops {
             if let Some(st) = &op.strided {
-                outs.push(self.strided_attention(il, q, k_all, v_all, op, st, scale));
+                outs.push(self.strided_attention(il, q, k_all, v_all, op, st, scale, sinks));
                 continue;
             }
             let rows = op.n_rows as i64;
@@ -326,7 +371,7 @@ impl<'a> Builder<'a> {
             let mut q = ctx.permute(qs, [0, 2, 1, 3]);
             let k = ctx.permute(ks, [0, 2, 1, 3]);
             if let Some(cells) = op.cells {
-                let o = matmul_attention(ctx, q, k, v_all, cells, mask, scale);
+                let o = matmul_attention(ctx, q, k, v_all, cells, mask, scale, sinks);
                 outs.push(ctx.reshape(o, &[hp.head_dim_v as i64, hp.n_head as i64, 1]));
                 continue;
             }
@@ -338,6 +383,9 @@ impl<'a> Builder<'a> {
                 q = ctx.pad(q, [0, (op.fa_rows - op.n_rows) as i32, 0, 0]);
             }
             let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, fa_rows]
+            if let Some(s) = sinks {
+                ctx.flash_attn_add_sinks(o, s);
+            }
             outs.push(if op.fa_rows > op.n_rows {
                 ctx.view(o, &[o.ne()[0], o.ne()[1], rows], &[o.nb()[1], o.nb()[2]], 0)
             } else {
@@ -362,6 +410,7 @@ impl<'a> Builder<'a> {
         op: &AttnInputs<'a>,
         st: &StridedInputs<'a>,
         scale: f32,
+        sinks: Option<Tensor<'a>>,
     ) -> Tensor<'a> {
         let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
         let (first, width) = (op.runs[0].start, op.runs[0].len as i64);
@@ -385,6 +434,9 @@ impl<'a> Builder<'a> {
         let mask = layer_mask(hp, il, op);
         let q = ctx.permute(qr, [0, 2, 1, 3]); // [hd, 1, n_head, regions]
         let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, 1, regions]
+        if let Some(s) = sinks {
+            ctx.flash_attn_add_sinks(o, s);
+        }
         let dv = hp.head_dim_v as i64;
         let o = ctx.reshape(o, &[dv * n_head, n_regions]);
         let o = ctx.get_rows(o, st.regions); // [dim_v * n_head, rows]
@@ -490,6 +542,17 @@ mod tests {
     /// reference; a wrong head mapping, mask or scale would be off by O(1).
     #[test]
     fn matmul_attention_matches_flash_attention() {
+        attention_paths_match(None);
+    }
+
+    /// The same with attention sinks (GPT-OSS) large enough to take a visible share
+    /// of each head's softmax (a sink of 5 against ~470 visible scores near 0: ~25 %).
+    #[test]
+    fn matmul_attention_with_sinks_matches_flash_attention() {
+        attention_paths_match(Some(&[5.0, 4.0, 6.0, 3.0, 5.5, 0.0]));
+    }
+
+    fn attention_paths_match(sinks: Option<&[f32]>) {
         let (d, n_head, n_head_kv, n_cells, first, n_kv) = (64, 6, 2, 800, 50, 700);
         let row = d * n_head_kv;
         // Deterministic pseudo-random values in [-1, 1).
@@ -525,6 +588,7 @@ mod tests {
         let tv = ti("v", DType::F16, &[row as i64, n_cells as i64]);
         let tm = ti("mask", DType::F16, &[n_kv as i64, 1]);
         let tc = ti("cells", DType::I32, &[n_kv as i64]);
+        let ts = sinks.map(|_| ti("sinks", DType::F32, &[n_head as i64]));
         let ctx = &ctx;
         let window = |pool| {
             let w = ctx.view(
@@ -535,8 +599,11 @@ mod tests {
             );
             ctx.permute(w, [0, 2, 1, 3]) // [d, n_kv, n_head_kv]
         };
-        let mm = matmul_attention(ctx, tq, window(tk), tv, tc, tm, scale); // [d, 1, h]
+        let mm = matmul_attention(ctx, tq, window(tk), tv, tc, tm, scale, ts); // [d, 1, h]
         let fa = ctx.flash_attn(tq, window(tk), window(tv), tm, scale); // [d, h, 1]
+        if let Some(t) = ts {
+            ctx.flash_attn_add_sinks(fa, t);
+        }
         let mut graph = ctx.new_graph(64);
         for t in [mm, fa] {
             t.set_output();
@@ -550,6 +617,9 @@ mod tests {
         tv.write(&v).unwrap();
         tm.write(&mask).unwrap();
         tc.write(&cells).unwrap();
+        if let (Some(t), Some(v)) = (ts, sinks) {
+            t.write(v).unwrap();
+        }
         sched.compute(&graph).expect("compute");
         let (mut got_mm, mut got_fa) = (vec![0f32; d * n_head], vec![0f32; d * n_head]);
         mm.read_f32(0, &mut got_mm).unwrap();
@@ -573,8 +643,15 @@ mod tests {
                         .then(|| (0..d).map(|i| qr[i] * at(&k, c, i)).sum::<f64>() * scale as f64)
                 })
                 .collect();
-            let m = s.iter().flatten().cloned().fold(f64::MIN, f64::max);
-            let z: f64 = s.iter().flatten().map(|x| (x - m).exp()).sum();
+            let sink = sinks.map(|v| v[hh] as f64);
+            let m = s
+                .iter()
+                .flatten()
+                .chain(&sink)
+                .cloned()
+                .fold(f64::MIN, f64::max);
+            // A sink joins the normalisation only.
+            let z: f64 = s.iter().flatten().chain(&sink).map(|x| (x - m).exp()).sum();
             for i in 0..d {
                 let want: f64 = (0..n_kv)
                     .filter_map(|c| s[c].map(|x| (x - m).exp() / z * at(&v, c, i)))

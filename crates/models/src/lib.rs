@@ -29,7 +29,7 @@ use tempo9_gguf::{GgufError, GgufFile};
 pub use attn::MATMUL_DECODE_ABOVE;
 pub use batch::{CellRun, KvView, SeqSpan, StateSnapshot, StepBatch};
 pub use cache::{CacheGroup, GroupKind};
-pub use hparams::{Arch, HParams, MoeParams, SsmParams};
+pub use hparams::{Arch, AttnTemp, HParams, MoeParams, SsmParams};
 pub use kv::{KvStore, MaskBuilder};
 pub use step::Executor;
 use weights::{Offload, SpecList, Weights};
@@ -44,7 +44,7 @@ pub enum ModelError {
     #[error(transparent)]
     Ggml(#[from] GgmlError),
     /// The architecture is not implemented.
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2, gemma3, qwen3, qwen3moe, qwen35, qwen35moe)")]
+    #[error("unsupported model architecture '{0}' (supported: {list})", list = Arch::supported_list())]
     UnsupportedArch(String),
     /// A required metadata key is missing.
     #[error("missing metadata key {0}")]
@@ -79,6 +79,7 @@ enum Graphs {
     Gemma3(arch::gemma3::Gemma3),
     Qwen3(arch::qwen3::Qwen3),
     Qwen35(arch::qwen35::Qwen35),
+    GptOss(arch::gpt_oss::GptOss),
 }
 
 /// Options for loading a model.
@@ -137,6 +138,8 @@ impl Model {
             Arch::Qwen3Moe => Graphs::Qwen3(arch::qwen3moe::declare(&hp, &file, &mut specs)),
             Arch::Qwen35 => Graphs::Qwen35(arch::qwen35::Qwen35::declare(&hp, &file, &mut specs)),
             Arch::Qwen35Moe => Graphs::Qwen35(arch::qwen35moe::declare(&hp, &file, &mut specs)),
+            Arch::Mistral3 => Graphs::Llama(arch::mistral3::declare(&hp, &file, &mut specs)),
+            Arch::GptOss => Graphs::GptOss(arch::gpt_oss::GptOss::declare(&hp, &file, &mut specs)),
         };
         let mut no_progress = |_: u64, _: u64| {};
         let progress: &mut dyn FnMut(u64, u64) = match opts.progress.as_mut() {

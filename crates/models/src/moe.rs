@@ -1,7 +1,8 @@
 //! Mixture-of-experts feed-forward (Qwen3-MoE, Qwen3.5-MoE): a router picks the
 //! top-k experts of each token by softmax probability, their weights are
 //! renormalised to sum to one, and the chosen experts' SwiGLU outputs are summed
-//! with those weights. Experts are 3-D weights `[n_in, n_out, n_expert]`
+//! with those weights. GPT-OSS instead picks the top-k router logits (router and
+//! experts have biases) and softmaxes those k, with a clamped SwiGLU. Experts are 3-D weights `[n_in, n_out, n_expert]`
 //! multiplied per row with ggml's `mul_mat_id`. Written op for op as llama.cpp's
 //! `build_moe_ffn` for these models, so the numbers match its.
 
@@ -9,7 +10,23 @@ use tempo9_ggml::Tensor;
 
 use crate::layers::Builder;
 use crate::weights::{SpecList, WeightId, WeightUse::*};
-use crate::HParams;
+use crate::{Arch, HParams};
+
+/// GPT-OSS's SwiGLU: `alpha` and the clamp `limit` (llama.cpp's constants).
+const SWIGLU_OAI: (f32, f32) = (1.702, 7.0);
+
+/// Bias vectors of GPT-OSS's router and experts.
+#[derive(Clone, Copy)]
+struct MoeBiases {
+    /// `[n_expert]`, added to the router logits.
+    router: WeightId,
+    /// `[n_ff_exp, n_expert]`.
+    gate: WeightId,
+    /// `[n_ff_exp, n_expert]`.
+    up: WeightId,
+    /// `[n_embd, n_expert]`.
+    down: WeightId,
+}
 
 /// Weights of one layer's experts.
 pub(crate) struct MoeWeights {
@@ -20,6 +37,8 @@ pub(crate) struct MoeWeights {
     down: WeightId,
     /// Shared expert (Qwen3.5-MoE): gate, up, down and its scalar gate `[n_embd]`.
     shared: Option<[WeightId; 4]>,
+    /// GPT-OSS: biases, softmax over the top-k logits, clamped SwiGLU.
+    oai: Option<MoeBiases>,
 }
 
 impl MoeWeights {
@@ -37,7 +56,14 @@ impl MoeWeights {
                 specs.add(n("ffn_gate_inp_shexp.weight"), &[e], MatMul),
             ]
         });
+        let oai = (hp.arch == Arch::GptOss).then(|| MoeBiases {
+            router: specs.add(n("ffn_gate_inp.bias"), &[x], Elementwise),
+            gate: specs.add(n("ffn_gate_exps.bias"), &[f, x], Elementwise),
+            up: specs.add(n("ffn_up_exps.bias"), &[f, x], Elementwise),
+            down: specs.add(n("ffn_down_exps.bias"), &[e, x], Elementwise),
+        });
         MoeWeights {
+            oai,
             router: specs.add(n("ffn_gate_inp.weight"), &[e, x], MatMul),
             gate: specs.add(n("ffn_gate_exps.weight"), &[e, f, x], Experts),
             up: specs.add(n("ffn_up_exps.weight"), &[e, f, x], Experts),
@@ -56,7 +82,7 @@ impl<'a> Builder<'a> {
     /// more than a dense layer's do.
     pub fn moe_ffn(&mut self, l: &MoeWeights, x: Tensor<'a>) -> Tensor<'a> {
         let ctx = self.ctx;
-        let logits = self.linear(l.router, x, None); // [n_expert, n_t]
+        let logits = self.linear(l.router, x, l.oai.map(|b| b.router)); // [n_expert, n_t]
         let n_t = x.ne()[1] as usize;
         let gate = self.wt(l.gate);
         let groups = self.row_groups(n_t, self.w.is_repacked(l.gate), gate.dtype());
@@ -83,23 +109,44 @@ impl<'a> Builder<'a> {
         let moe = hp.moe.expect("a MoE model has expert shapes");
         let (n_embd, n_t) = (x.ne()[0], x.ne()[1]);
         let (n_exp, k) = (moe.n_expert as i64, moe.n_expert_used as i64);
-        let probs = ctx.soft_max(logits);
-        let sel = ctx.argsort_top_k(probs, moe.n_expert_used); // [k, n_t]
-        let w = ctx.get_rows(ctx.reshape(probs, &[1, n_exp, n_t]), sel); // [1, k, n_t]
-        let w = ctx.reshape(w, &[k, n_t]);
-        // 2^-14, the smallest normal F16, as llama.cpp clamps it.
-        let sum = ctx.clamp(ctx.sum_rows(w), 2f32.powi(-14), f32::INFINITY);
-        let w = ctx.reshape(ctx.div(w, sum), &[1, k, n_t]);
+        let (sel, w) = match l.oai {
+            // GPT-OSS: the top-k logits, softmaxed among themselves.
+            Some(_) => {
+                let sel = ctx.argsort_top_k(logits, moe.n_expert_used); // [k, n_t]
+                let w = ctx.get_rows(ctx.reshape(logits, &[1, n_exp, n_t]), sel);
+                let w = ctx.soft_max(ctx.reshape(w, &[k, n_t]));
+                (sel, ctx.reshape(w, &[1, k, n_t]))
+            }
+            None => {
+                let probs = ctx.soft_max(logits);
+                let sel = ctx.argsort_top_k(probs, moe.n_expert_used); // [k, n_t]
+                let w = ctx.get_rows(ctx.reshape(probs, &[1, n_exp, n_t]), sel); // [1, k, n_t]
+                let w = ctx.reshape(w, &[k, n_t]);
+                // 2^-14, the smallest normal F16, as llama.cpp clamps it.
+                let sum = ctx.clamp(ctx.sum_rows(w), 2f32.powi(-14), f32::INFINITY);
+                (sel, ctx.reshape(ctx.div(w, sum), &[1, k, n_t]))
+            }
+        };
         // Routing ops into the graph now, in llama.cpp's order: the CUDA backend
         // fuses softmax, top-k, gather and renormalisation into one kernel only
         // when they are consecutive nodes.
         self.graph.expand(w);
         let x3 = ctx.reshape(x, &[n_embd, 1, n_t]);
+        let bias = |t: Tensor<'a>, b: Option<WeightId>| match b {
+            Some(b) => ctx.add_id(t, self.wt(b), sel),
+            None => t,
+        };
         let up = ctx.mul_mat_id(self.wt(l.up), x3, sel); // [n_ff_exp, k, n_t]
+        let up = bias(up, l.oai.map(|b| b.up));
         let gate = ctx.mul_mat_id(self.wt(l.gate), x3, sel);
-        let act = ctx.swiglu_split(gate, up);
-        let e = ctx.mul(ctx.mul_mat_id(self.wt(l.down), act, sel), w); // [n_embd, k, n_t]
-                                                                       // Sum over the chosen experts in order, as llama.cpp adds them.
+        let gate = bias(gate, l.oai.map(|b| b.gate));
+        let act = match l.oai {
+            Some(_) => ctx.swiglu_oai(gate, up, SWIGLU_OAI.0, SWIGLU_OAI.1),
+            None => ctx.swiglu_split(gate, up),
+        };
+        let down = ctx.mul_mat_id(self.wt(l.down), act, sel);
+        let e = ctx.mul(bias(down, l.oai.map(|b| b.down)), w); // [n_embd, k, n_t]
+                                                               // Sum over the chosen experts in order, as llama.cpp adds them.
         let nb = e.nb();
         // The weighted outputs, then every expert's view, then the adds (the order
         // the CUDA backend fuses into one add).

@@ -131,6 +131,8 @@ struct InputIds {
     pos: usize,
     /// Multi-section rope positions.
     pos_multi: Option<usize>,
+    /// Per-token query scales.
+    attn_temp: Option<usize>,
     /// Each state op's slots, and its snapshots' (rows, slots).
     states: Vec<(usize, Option<(usize, usize)>)>,
     /// Per cache group, its KV slots.
@@ -314,6 +316,10 @@ impl Model {
                     .hp
                     .rope_sections
                     .map(|_| ctx.new_input("inp_pos_multi", DType::I32, &[4 * n_t as i64])),
+                attn_temp: model
+                    .hp
+                    .attn_temp
+                    .map(|_| ctx.new_input("inp_attn_scale", DType::F32, &[1, 1, n_t as i64])),
                 states: states
                     .iter()
                     .map(|op| StateInputs {
@@ -366,6 +372,7 @@ impl Model {
                 Graphs::Gemma3(g) => g.build(&mut b),
                 Graphs::Qwen3(g) => g.build(&mut b),
                 Graphs::Qwen35(g) => g.build(&mut b),
+                Graphs::GptOss(g) => g.build(&mut b),
             };
             let out = if greedy { b.ctx.argmax(logits) } else { logits };
             out.set_output();
@@ -377,6 +384,7 @@ impl Model {
                 tokens: kept(&mut keep, inp.tokens),
                 pos: kept(&mut keep, inp.pos),
                 pos_multi: inp.pos_multi.map(|t| kept(&mut keep, t)),
+                attn_temp: inp.attn_temp.map(|t| kept(&mut keep, t)),
                 states: inp
                     .states
                     .iter()
@@ -452,6 +460,10 @@ impl Model {
             }
             pos.resize(4 * n, 0);
             g.tensor(t).write(&pos)?;
+        }
+        if let (Some(t), Some(temp)) = (ins.attn_temp, self.hp.attn_temp) {
+            let scales: Vec<f32> = batch.positions.iter().map(|&p| temp.at(p)).collect();
+            g.tensor(t).write(&scales)?;
         }
         for (&(t, snap), op) in ins.states.iter().zip(states) {
             g.tensor(t).write(&op.slots)?;

@@ -388,8 +388,19 @@ fn load_errors_are_clear() {
     w.u32("mamba9.block_count", 1);
     let e = err(w.finish());
     assert!(e.contains("unsupported model architecture 'mamba9'"), "{e}");
+    // The error lists every architecture the loader knows, by its GGUF name.
+    for a in tempo9_models::Arch::ALL {
+        assert!(e.contains(a.name()), "{e} does not list {}", a.name());
+        assert_eq!(tempo9_models::Arch::from_name(a.name()), Some(a));
+    }
     let e = err(tiny_llama_ff(FF * 2, |_| {}, None));
     assert!(e.contains("blk.0.ffn_gate.weight has shape"), "{e}");
+    // Llama 3's rope divisors must have one value per rotated pair.
+    let e = err(tiny_llama(
+        |w| w.tensor_values("rope_freqs.weight", &[3], vec![1.0; 3]),
+        None,
+    ));
+    assert!(e.contains("rope_freqs.weight has shape [3]"), "{e}");
     let e = err(tiny_llama(|w| w.u32("llama.vocab_size", 5), None)
         .into_iter()
         .take(40)
@@ -426,5 +437,108 @@ fn unwritten_kv_cells_read_as_zero_even_after_heap_garbage() {
                 "layer {il}: a fresh KV pool holds garbage"
             );
         }
+    }
+}
+
+/// Llama 3's `rope_freqs.weight` divides each rotated pair's frequency: divisors of
+/// 1 change nothing, divisors of 2 everywhere equal linear rope scaling by 2
+/// (`freq_scale` 0.5), and Llama-3-like divisors (1 for the fast pairs, larger for
+/// the slow ones) move every position but the first (rope at position 0 is the
+/// identity).
+#[test]
+fn llama3_rope_freqs_divide_rotary_frequencies() {
+    let pairs = E / HEADS / 2;
+    let with_freqs =
+        |f: Vec<f32>| move |w: &mut Writer| w.tensor_values("rope_freqs.weight", &[pairs], f);
+    let toks: &[u32] = &[5, 17, 99, 3, 64, 12, 1, 77];
+    let run = |bytes| step(&load(bytes).expect("load"), &[toks], &[0]);
+    let plain = run(tiny_llama(|_| {}, None));
+    let ones = run(tiny_llama(with_freqs(vec![1.0; pairs]), None));
+    assert_eq!(plain, ones, "divisors of 1 must not change the logits");
+
+    let twos = run(tiny_llama(with_freqs(vec![2.0; pairs]), None));
+    let linear = run(tiny_llama(
+        |w| {
+            w.string("llama.rope.scaling.type", "linear");
+            w.f32("llama.rope.scaling.factor", 2.0);
+        },
+        None,
+    ));
+    let max_diff = |a: &[Vec<f32>], b: &[Vec<f32>], from: usize| {
+        a[from..]
+            .iter()
+            .flatten()
+            .zip(b[from..].iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    assert!(
+        max_diff(&twos, &linear, 0) < 1e-6,
+        "divisors of 2 vs linear scaling by 2: {}",
+        max_diff(&twos, &linear, 0)
+    );
+    // (The tiny random model's attention moves its logits by ~5e-4: far above
+    // rounding, which the exact equalities above show is absent.)
+    assert!(
+        max_diff(&twos, &plain, 1) > 1e-5,
+        "divisors of 2 had no effect"
+    );
+
+    let llama3: Vec<f32> = (0..pairs)
+        .map(|i| match i * 4 / pairs {
+            0 => 1.0,
+            1 => 1.5,
+            _ => 8.0,
+        })
+        .collect();
+    let scaled = run(tiny_llama(with_freqs(llama3), None));
+    assert_eq!(scaled[0], plain[0], "position 0 is not rotated");
+    assert!(
+        max_diff(&scaled, &plain, 1) > 1e-5,
+        "Llama 3 divisors had no effect"
+    );
+}
+
+/// Mistral 3's YaRN and query temperature, read as llama.cpp reads them: the
+/// extrapolation mix on, the magnitude factor `mscale(16, 1) / mscale(16, 1)`
+/// divided by the `1 + 0.1 ln 16` ggml's rope multiplies back in, YaRN's original
+/// context from its key, and the query scale `1 + 0.1 ln(floor(p / 256) + 1)`.
+#[test]
+fn mistral3_yarn_and_temperature_hparams() {
+    let mut w = Writer::new("mistral3");
+    for (k, v) in [
+        ("embedding_length", 64),
+        ("block_count", 1),
+        ("attention.head_count", 4),
+        ("feed_forward_length", 96),
+        ("context_length", 4096),
+        ("rope.scaling.original_context_length", 256),
+    ] {
+        w.u32(&format!("mistral3.{k}"), v);
+    }
+    w.string("mistral3.rope.scaling.type", "yarn");
+    for (k, v) in [
+        ("rope.scaling.factor", 16.0),
+        ("rope.scaling.yarn_beta_fast", 24.0),
+        ("rope.scaling.yarn_log_multiplier", 1.0),
+        ("attention.temperature_scale", 0.1),
+    ] {
+        w.f32(&format!("mistral3.{k}"), v);
+    }
+    let mut seed = 1;
+    w.tensor("token_embd.weight", &[64, 8], &mut seed);
+    let f = GgufFile::from_bytes(w.finish()).expect("gguf");
+    let hp = tempo9_models::HParams::from_gguf(&f).expect("hparams");
+    let r = hp.rope;
+    assert_eq!((r.mode, r.n_ctx_orig, r.freq_scale), (0, 256, 1.0 / 16.0));
+    assert_eq!((r.ext_factor, r.beta_fast, r.beta_slow), (1.0, 24.0, 1.0));
+    let want = 1.0 / (1.0 + 0.1 * 16f32.ln());
+    assert!((r.attn_factor - want).abs() < 1e-6, "{}", r.attn_factor);
+    let t = hp.attn_temp.expect("temperature scaling");
+    assert_eq!((t.scale, t.floor), (0.1, 256));
+    assert_eq!((t.at(0), t.at(255)), (1.0, 1.0));
+    for (p, steps) in [(256, 1.0f64), (1000, 3.0), (1024, 4.0)] {
+        let want = ((steps + 1.0).ln() * 0.1 + 1.0) as f32;
+        assert_eq!(t.at(p), want, "position {p}");
     }
 }

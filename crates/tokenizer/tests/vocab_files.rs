@@ -132,3 +132,13 @@ fn qwen2_test_vectors_match_llama_cpp() {
 fn qwen2_corpus_matches_llama_tokenize() {
     check_corpus("qwen2");
 }
+
+#[test]
+fn llama_bpe_test_vectors_match_llama_cpp() {
+    check_test_vectors("llama-bpe");
+}
+
+#[test]
+fn llama_bpe_corpus_matches_llama_tokenize() {
+    check_corpus("llama-bpe");
+}

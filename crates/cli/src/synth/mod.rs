@@ -3,7 +3,8 @@
 //! BPE vocabulary or a real one copied from a vocab-only GGUF), quantized with
 //! ggml's own quantizers. Real model files are too large to carry to a GPU
 //! machine; this produces a same-shaped one there, and tiny ones for tests
-//! (llama, qwen2, and the Qwen3 family: qwen3, qwen3moe, qwen35, qwen35moe).
+//! (llama with or without Llama 3 rope scaling, qwen2, and the Qwen3 family:
+//! qwen3, qwen3moe, qwen35, qwen35moe).
 //!
 //! The numbers are random, so the text is gibberish, but every byte a real model
 //! of that shape moves is moved: speed measurements hold, and CPU/GPU comparisons
@@ -124,15 +125,19 @@ fn draw(
     n_per_row: u64,
 ) -> Result<Vec<u8>, String> {
     let n = (n_rows * n_per_row) as usize;
-    let src: Vec<f32> = match p.init {
-        Init::Const(c) => vec![c; n],
-        Init::Uniform(std) => {
+    let src: Vec<f32> = match &p.init {
+        Init::Values(v) if v.len() == n => v.clone(),
+        Init::Values(v) => {
+            return Err(format!("{} values for {n} elements", v.len()));
+        }
+        &Init::Const(c) => vec![c; n],
+        &Init::Uniform(std) => {
             // Uniform on [-a, a] has std a / sqrt(3).
             let amp = std * 3f32.sqrt();
             let mut r = Rng::new(seed, ti, chunk);
             (0..n).map(|_| r.next() * amp).collect()
         }
-        Init::NegExp(lo, hi) => {
+        &Init::NegExp(lo, hi) => {
             let mut r = Rng::new(seed, ti, chunk);
             (0..n)
                 .map(|_| -(lo + (r.next() + 1.0) * 0.5 * (hi - lo)).exp())
@@ -200,6 +205,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
             Kind::Weight => fallback(quant, t.shape[0]),
             Kind::Output => fallback(out_type, t.shape[0]),
             Kind::F32 => DType::F32,
+            Kind::Mxfp4 => DType::from_name("mxfp4").context("ggml has no mxfp4")?,
         };
         let gt = GgmlType::from_u32(dtype.raw()).context("ggml type unknown to the GGUF crate")?;
         w.add_tensor(&t.name, &t.shape, gt)?;

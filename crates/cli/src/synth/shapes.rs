@@ -20,6 +20,13 @@ pub enum SynthArch {
     /// Qwen3.5 MoE hybrid (Qwen3.5-35B-A3B): Qwen3.5 layers with routed experts
     /// plus a sigmoid-gated shared expert.
     Qwen35moe,
+    /// Mistral 3 (Ministral 3): the Llama layout with YaRN rope scaling and query
+    /// temperature scaling.
+    Mistral3,
+    /// GPT-OSS: alternating sliding-window (128) and full attention with biases and
+    /// sinks, YaRN, MXFP4 routed experts with biases.
+    #[value(name = "gpt-oss")]
+    GptOss,
 }
 
 impl SynthArch {
@@ -32,6 +39,8 @@ impl SynthArch {
             SynthArch::Qwen3moe => "qwen3moe",
             SynthArch::Qwen35 => "qwen35",
             SynthArch::Qwen35moe => "qwen35moe",
+            SynthArch::Mistral3 => "mistral3",
+            SynthArch::GptOss => "gpt-oss",
         }
     }
 
@@ -48,12 +57,15 @@ impl SynthArch {
             SynthArch::Qwen3moe => Preset::Qwen3_30bA3b,
             SynthArch::Qwen35 => Preset::Qwen35_0_8b,
             SynthArch::Qwen35moe => Preset::Qwen35_35bA3b,
+            SynthArch::Mistral3 => Preset::Ministral3_3b,
+            SynthArch::GptOss => Preset::GptOss20b,
         }
     }
 }
 
-/// Model sizes: the shapes of published models, and tiny test shapes. The Qwen3
-/// family presets imply their architecture; the others take `--arch llama|qwen2`.
+/// Model sizes: the shapes of published models, and tiny test shapes. Presets
+/// named after a model imply its architecture; the plain sizes (135m ... 8b) take
+/// `--arch llama|qwen2`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Preset {
     /// SmolLM2-135M (576 wide, 30 layers, 49152 tokens).
@@ -62,13 +74,15 @@ pub enum Preset {
     /// Qwen2.5-0.5B (896 wide, 24 layers, 151936 tokens).
     #[value(name = "0.5b")]
     S0_5b,
-    /// Llama-3.2-1B (2048 wide, 16 layers, 128256 tokens).
+    /// Llama-3.2-1B's size (2048 wide, 16 layers, 128256 tokens) without its rope
+    /// scaling (see llama-3.2-1b).
     #[value(name = "1b")]
     S1b,
     /// Qwen2.5-7B (3584 wide, 28 layers, 152064 tokens).
     #[value(name = "7b")]
     S7b,
-    /// Llama-3.1-8B (4096 wide, 32 layers, 128256 tokens).
+    /// Llama-3.1-8B's size (4096 wide, 32 layers, 128256 tokens) without its rope
+    /// scaling (see llama-3.1-8b).
     #[value(name = "8b")]
     S8b,
     /// Qwen3-0.6B (qwen3: 1024 wide, 28 layers, 16/8 heads of 128).
@@ -96,6 +110,41 @@ pub enum Preset {
     /// used, shared expert of 512, DeltaNet 16/32 heads of 128).
     #[value(name = "qwen3.5-35b-a3b")]
     Qwen35_35bA3b,
+    /// Llama-3.2-1B (llama: 2048 wide, 16 layers, 32/8 heads of 64, Llama 3 rope
+    /// scaling by 32 written as `rope_freqs.weight`, 128256 tokens).
+    #[value(name = "llama-3.2-1b")]
+    Llama32_1b,
+    /// Llama-3.1-8B (llama: 4096 wide, 32 layers, 32/8 heads of 128, Llama 3 rope
+    /// scaling by 8 written as `rope_freqs.weight`, 128256 tokens).
+    #[value(name = "llama-3.1-8b")]
+    Llama31_8b,
+    /// Test shape, llama with Llama 3 rope scaling (Llama 3.2's: factor 32, low/high
+    /// frequency factors 1/4, 8192 original positions): 128 wide, 4 layers, 4/2
+    /// heads of 32, 128256 tokens.
+    #[value(name = "llama3-tiny")]
+    Llama3Tiny,
+    /// Mistral-7B-v0.3 (llama: 4096 wide, 32 layers, 32/8 heads of 128, 32768
+    /// tokens, rope base 1e6, no rope scaling).
+    #[value(name = "mistral-7b-v0.3")]
+    Mistral7bV03,
+    /// Ministral-3-3B (mistral3: 3072 wide, 26 layers, 32/8 heads of 128, YaRN by
+    /// 16 over 16384 original positions, query temperature 0.1, 131072 tokens).
+    #[value(name = "ministral-3-3b")]
+    Ministral3_3b,
+    /// Test shape, mistral3: 128 wide, 4 layers, 4/2 heads of 64, YaRN by 16 over
+    /// 256 original positions (so that YaRN and the query temperature, which starts
+    /// at the original length, both act within the test prompts), 131072 tokens.
+    #[value(name = "mistral3-tiny")]
+    Mistral3Tiny,
+    /// GPT-OSS-20B (gpt-oss: 2880 wide, 24 layers, 64/8 heads of 64, sliding window
+    /// 128 on even layers, YaRN by 32 over 4096, 32 MXFP4 experts of 2880, 4 used,
+    /// 201088 tokens).
+    #[value(name = "gpt-oss-20b")]
+    GptOss20b,
+    /// Test shape, gpt-oss: 128 wide, 4 layers, 4/2 heads of 64, window 128, 8
+    /// experts of 64 (MXFP4), 2 used, 201088 tokens.
+    #[value(name = "gpt-oss-tiny")]
+    GptOssTiny,
     /// Test shape, qwen3: 128 wide, 4 layers, 4/2 heads of 64, 151936 tokens.
     #[value(name = "qwen3-tiny")]
     Qwen3Tiny,
@@ -160,6 +209,53 @@ impl Gdn {
     }
 }
 
+/// Rotary scaling of a checkpoint (HF `rope_scaling`), as the converter writes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Llama 3.1+ (`rope_type: llama3`): no metadata keys; per-pair frequency
+    /// divisors in a `rope_freqs.weight` tensor (`conversion/llama.py`).
+    Llama3 {
+        /// `factor`: the divisor of the slowest pairs.
+        factor: f32,
+        /// `low_freq_factor`.
+        low_freq_factor: f32,
+        /// `high_freq_factor`.
+        high_freq_factor: f32,
+        /// `original_max_position_embeddings`.
+        orig_ctx: u32,
+    },
+    /// YaRN (`rope_type: yarn`): metadata keys only.
+    Yarn(Yarn),
+}
+
+/// YaRN as the converter writes it (`rope.scaling.*` keys; Mistral 3 adds the
+/// log multiplier and the query temperature).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    /// `rope.scaling.factor`.
+    pub factor: f32,
+    /// `rope.scaling.original_context_length`.
+    pub orig_ctx: u32,
+    /// `rope.scaling.yarn_beta_fast` / `yarn_beta_slow`.
+    pub beta: (f32, f32),
+    /// `rope.scaling.yarn_log_multiplier` (HF `mscale_all_dim`).
+    pub log_mul: f32,
+    /// `attention.temperature_scale` (HF `llama_4_scaling_beta`).
+    pub temp_scale: f32,
+}
+
+impl RopeScaling {
+    /// Llama 3.1's and 3.2's rope scaling by `factor`.
+    fn llama3(factor: f32) -> Option<RopeScaling> {
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            orig_ctx: 8192,
+        })
+    }
+}
+
 /// Shape of a model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shape {
@@ -191,6 +287,13 @@ pub struct Shape {
     pub moe: Option<Moe>,
     /// DeltaNet layers (Qwen3.5 hybrids).
     pub gdn: Option<Gdn>,
+    /// Rotary scaling.
+    pub rope_scaling: Option<RopeScaling>,
+    /// `attention.sliding_window` (GPT-OSS).
+    pub swa_window: Option<u32>,
+    /// Whether the HF config names `head_dim` (the converter then writes
+    /// `attention.key_length` / `value_length`).
+    pub explicit_head_dim: bool,
 }
 
 impl Preset {
@@ -199,6 +302,9 @@ impl Preset {
         use Preset::*;
         match self {
             S135m | S0_5b | S1b | S7b | S8b => None,
+            Llama32_1b | Llama31_8b | Llama3Tiny | Mistral7bV03 => Some(SynthArch::Llama),
+            Ministral3_3b | Mistral3Tiny => Some(SynthArch::Mistral3),
+            GptOss20b | GptOssTiny => Some(SynthArch::GptOss),
             Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
             Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
             Qwen35_0_8b | Qwen35_2b | Qwen35_4b | Qwen35_9b | Qwen35_27b | Qwen35Tiny => {
@@ -227,6 +333,9 @@ impl Preset {
             rms_eps: 1e-5,
             moe: None,
             gdn: None,
+            rope_scaling: None,
+            swa_window: None,
+            explicit_head_dim: false,
         };
         // Qwen3 (HF config.json): rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
         let qwen3 = |n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab| Shape {
@@ -244,6 +353,9 @@ impl Preset {
             rms_eps: 1e-6,
             moe: None,
             gdn: None,
+            rope_scaling: None,
+            swa_window: None,
+            explicit_head_dim: true,
         };
         // Qwen3.5: rope_theta 1e7, partial_rotary_factor 0.25, 262144 positions,
         // conv kernel 4, a full-attention layer every 4.
@@ -262,6 +374,9 @@ impl Preset {
             rms_eps: 1e-6,
             moe: None,
             gdn: Some(gdn),
+            rope_scaling: None,
+            swa_window: None,
+            explicit_head_dim: true,
         };
         let gdn = |d_state, n_k_heads, n_v_heads| Gdn {
             d_conv: 4,
@@ -278,12 +393,86 @@ impl Preset {
                 n_ff_shexp,
             })
         };
+        // GPT-OSS (HF config): head_dim 64, rope_theta 150000, 131072 positions,
+        // YaRN factor 32 over 4096 (beta 32/1), sliding_window 128,
+        // intermediate_size = the experts' width, 201088 tokens.
+        let gpt_oss = |n_embd, n_layer, n_head, n_head_kv, moe: Option<Moe>| Shape {
+            head_dim: 64,
+            n_rot: 64,
+            n_ff: moe.map_or(0, |m| m.n_ff_exp),
+            n_vocab: 201_088,
+            n_ctx: 131_072,
+            moe,
+            rope_scaling: Some(RopeScaling::Yarn(Yarn {
+                factor: 32.0,
+                orig_ctx: 4096,
+                beta: (32.0, 1.0),
+                log_mul: 0.0,
+                temp_scale: 0.0,
+            })),
+            swa_window: Some(128),
+            explicit_head_dim: true,
+            ..plain(n_embd, n_layer, n_head, n_head_kv, 0, 201_088, 150_000.0)
+        };
         match self {
             S135m => plain(576, 30, 9, 3, 1536, 49152, 100_000.0),
             S0_5b => plain(896, 24, 14, 2, 4864, 151_936, 1_000_000.0),
             S1b => plain(2048, 16, 32, 8, 8192, 128_256, 500_000.0),
             S7b => plain(3584, 28, 28, 4, 18944, 152_064, 1_000_000.0),
             S8b => plain(4096, 32, 32, 8, 14336, 128_256, 500_000.0),
+            // Llama 3.2's config names head_dim (64), 3.1's does not.
+            Llama32_1b => Shape {
+                rope_scaling: RopeScaling::llama3(32.0),
+                explicit_head_dim: true,
+                ..plain(2048, 16, 32, 8, 8192, 128_256, 500_000.0)
+            },
+            Llama31_8b => Shape {
+                rope_scaling: RopeScaling::llama3(8.0),
+                ..plain(4096, 32, 32, 8, 14336, 128_256, 500_000.0)
+            },
+            Llama3Tiny => Shape {
+                rope_scaling: RopeScaling::llama3(32.0),
+                explicit_head_dim: true,
+                ..plain(128, 4, 4, 2, 384, 128_256, 500_000.0)
+            },
+            // HF config: rope_theta 1e6, max_position_embeddings 32768.
+            Mistral7bV03 => Shape {
+                n_ctx: 32_768,
+                ..plain(4096, 32, 32, 8, 14336, 32_768, 1_000_000.0)
+            },
+            // HF config (text_config): head_dim 128, rope_theta 1e6, 262144
+            // positions, YaRN factor 16 over 16384, beta 32/1, mscale_all_dim 1,
+            // llama_4_scaling_beta 0.1.
+            Ministral3_3b => Shape {
+                head_dim: 128,
+                n_rot: 128,
+                n_ctx: 262_144,
+                rope_scaling: Some(RopeScaling::Yarn(Yarn {
+                    factor: 16.0,
+                    orig_ctx: 16_384,
+                    beta: (32.0, 1.0),
+                    log_mul: 1.0,
+                    temp_scale: 0.1,
+                })),
+                explicit_head_dim: true,
+                ..plain(3072, 26, 32, 8, 9216, 131_072, 1_000_000.0)
+            },
+            Mistral3Tiny => Shape {
+                head_dim: 64,
+                n_rot: 64,
+                n_ctx: 4096,
+                rope_scaling: Some(RopeScaling::Yarn(Yarn {
+                    factor: 16.0,
+                    orig_ctx: 256,
+                    beta: (32.0, 1.0),
+                    log_mul: 1.0,
+                    temp_scale: 0.1,
+                })),
+                explicit_head_dim: true,
+                ..plain(128, 4, 4, 2, 384, 131_072, 1_000_000.0)
+            },
+            GptOss20b => gpt_oss(2880, 24, 64, 8, moe(32, 4, 2880, None)),
+            GptOssTiny => gpt_oss(128, 4, 4, 2, moe(8, 2, 64, None)),
             Qwen3_0_6b => qwen3(1024, 28, 16, 8, 128, 3072, 151_936),
             // intermediate_size 6144 is written as feed_forward_length but unused.
             Qwen3_30bA3b => Shape {
@@ -313,7 +502,7 @@ impl Preset {
     }
 }
 
-/// Resolves `--arch` and `--preset` into a shape: a Qwen3-family preset implies
+/// Resolves `--arch` and `--preset` into a shape: a preset of a named model implies
 /// its architecture, the plain presets take llama or qwen2.
 pub fn resolve(arch: Option<SynthArch>, preset: Option<Preset>) -> Result<Shape> {
     let (arch, preset) = match (arch, preset) {

@@ -31,7 +31,10 @@ fn byte_chars() -> [char; 256] {
 /// tokens, and three control tokens at the end (BOS, EOS, end of turn).
 pub fn synthetic(n: u64, arch: SynthArch, w: &mut GgufWriter) -> Result<()> {
     let n = n as usize;
-    let llama = arch == SynthArch::Llama;
+    let llama = matches!(
+        arch,
+        SynthArch::Llama | SynthArch::Mistral3 | SynthArch::GptOss
+    );
     let chars = byte_chars();
     let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
     let mut merges = Vec::new();

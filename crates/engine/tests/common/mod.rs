@@ -15,13 +15,18 @@ pub const MODELS: [(&str, &str); 3] = [
     ("gemma3", "gemma-3-270m-q4_k_m.gguf"),
 ];
 
-/// The synthetic Qwen3-family models the fixtures were recorded on (fixture dir,
-/// file name), written by `scripts/synth-models.py` (part of scripts/test.sh).
-pub const SYNTH_MODELS: [(&str, &str); 4] = [
+/// The synthetic models the fixtures were recorded on (fixture dir, file name),
+/// written by `scripts/synth-models.py` (part of scripts/test.sh): the Qwen3
+/// family (the two hybrids at 2 and 3), then Llama 3 (rope scaling), Mistral 3
+/// (YaRN, query temperature) and GPT-OSS (sinks, sliding window, MXFP4 experts).
+pub const SYNTH_MODELS: [(&str, &str); 7] = [
     ("qwen3-tiny", "qwen3-tiny.gguf"),
     ("qwen3moe-tiny", "qwen3moe-tiny.gguf"),
     ("qwen35-tiny", "qwen35-tiny.gguf"),
     ("qwen35moe-tiny", "qwen35moe-tiny.gguf"),
+    ("llama3-tiny", "llama3-tiny.gguf"),
+    ("mistral3-tiny", "mistral3-tiny.gguf"),
+    ("gpt-oss-tiny", "gpt-oss-tiny.gguf"),
 ];
 
 /// Path of a real model; panics (fails the test) when missing unless

@@ -1,12 +1,15 @@
-//! Llama (SmolLM2, Llama 2/3): pre-norm blocks with RMSNorm, rotary attention with
-//! grouped-query heads, SwiGLU feed-forward. Qwen2 reuses this graph with Q/K/V biases.
+//! Llama (SmolLM2, Llama 2/3, Mistral 7B): pre-norm blocks with RMSNorm, rotary
+//! attention with grouped-query heads, SwiGLU feed-forward. Llama 3.1+ files carry
+//! `rope_freqs.weight`, per-pair frequency divisors (the converter computes them from
+//! the checkpoint's `llama3` rope scaling) that every layer's rope applies. Qwen2
+//! reuses this graph with Q/K/V biases, Mistral 3 with query temperature scaling.
 
 use tempo9_ggml::Tensor;
 use tempo9_gguf::GgufFile;
 
 use crate::layers::Builder;
 use crate::weights::{Embeddings, SpecList, WeightId, WeightUse::*};
-use crate::HParams;
+use crate::{Arch, HParams};
 
 struct Layer {
     attn_norm: WeightId,
@@ -24,6 +27,8 @@ struct Layer {
 /// Weights and graph of the Llama family.
 pub(crate) struct Llama {
     emb: Embeddings,
+    /// Llama 3 rope frequency divisors, `[n_rot / 2]`, when the file has them.
+    rope_freqs: Option<WeightId>,
     layers: Vec<Layer>,
 }
 
@@ -33,6 +38,13 @@ impl Llama {
         let (e, v) = (hp.n_embd, hp.n_vocab);
         let (q_dim, k_dim, v_dim) = (hp.n_head * hp.head_dim, hp.n_embd_k(), hp.n_embd_v());
         let emb = specs.add_embeddings(file, e, v);
+        // llama.cpp reads the divisors for these architectures only.
+        let has_freqs = matches!(hp.arch, Arch::Llama | Arch::Mistral3)
+            && file.tensor("rope_freqs.weight").is_some();
+        let rope_freqs = has_freqs.then(|| {
+            let n_rot = hp.rope.n_dims as usize;
+            specs.add("rope_freqs.weight", &[n_rot / 2], Elementwise)
+        });
         let layers = (0..hp.n_layer)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}");
@@ -60,7 +72,11 @@ impl Llama {
                 }
             })
             .collect();
-        Llama { emb, layers }
+        Llama {
+            emb,
+            rope_freqs,
+            layers,
+        }
     }
 
     /// Builds the step graph; returns logits `[n_vocab, n_outputs]`.
@@ -72,9 +88,10 @@ impl Llama {
             let q = b.linear(l.wq, h, l.bias.map(|b| b[0]));
             let k = b.linear(l.wk, h, l.bias.map(|b| b[1]));
             let v = b.linear(l.wv, h, l.bias.map(|b| b[2]));
-            let q = b.rope(b.heads(q, hp.n_head, hp.head_dim), il);
-            let k = b.rope(b.heads(k, hp.n_head_kv, hp.head_dim), il);
+            let q = b.rope_with_factors(b.heads(q, hp.n_head, hp.head_dim), il, self.rope_freqs);
+            let k = b.rope_with_factors(b.heads(k, hp.n_head_kv, hp.head_dim), il, self.rope_freqs);
             let v = b.heads(v, hp.n_head_kv, hp.head_dim_v);
+            let q = b.attn_temperature(q);
             let mut a = b.attention(il, q, k, v, hp.attn_scale);
             a = b.linear(l.wo, a, None);
             let mut residual = x;

@@ -1,7 +1,9 @@
 //! One file per architecture.
 
 pub(crate) mod gemma3;
+pub(crate) mod gpt_oss;
 pub(crate) mod llama;
+pub(crate) mod mistral3;
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
 pub(crate) mod qwen35;
