@@ -16,7 +16,8 @@ Usage:
 Env: TEMPO9 (binary; default ~/.cache/tempo9/target/release/tempo9),
      LLAMA_CPP_BIN_DIR (default ~/.cache/tempo9/llama/native/bin).
 Mode map: draft -> llama.cpp --spec-type draft-simple -md D (--spec-draft-n-max k,
---spec-draft-n-min 0); ngram -> --spec-type ngram-simple (--spec-ngram-simple-size-m k).
+--spec-draft-n-min 0); ngram -> --spec-type ngram-simple (--spec-ngram-simple-size-m k),
+or another n-gram type with --llama-ngram (--spec-draft-n-max k, its defaults otherwise).
 JSON lines of every run on stdout, a table on stderr.
 """
 import argparse
@@ -70,8 +71,11 @@ def server_cmd(engine, a, k, port):
     if k > 0 and a.mode == "draft":
         cmd += ["--spec-type", "draft-simple", "-md", a.draft, "--spec-draft-n-max", str(k),
                 "--spec-draft-n-min", "0", "-td", str(a.threads), "-tbd", str(a.threads)]
-    elif k > 0:
+    elif k > 0 and a.llama_ngram == "ngram-simple":
         cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", str(k)]
+    elif k > 0:
+        # The other n-gram modes: llama.cpp's defaults, at most k drafts.
+        cmd += ["--spec-type", a.llama_ngram, "--spec-draft-n-max", str(k)]
     env = dict(os.environ, LD_LIBRARY_PATH=d)
     return cmd, env
 
@@ -136,6 +140,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-file", default=os.path.join(HERE, "edit-code.chatml.txt"))
     ap.add_argument("--engines", default="tempo9,llama.cpp")
+    ap.add_argument("--llama-ngram", default="ngram-simple",
+                    help="llama.cpp's --spec-type for --mode ngram (ngram-simple, ngram-map-k, ngram-mod, ngram-cache)")
     a = ap.parse_args()
     if a.mode == "draft" and not a.draft:
         sys.exit("--mode draft needs --draft")
