@@ -920,21 +920,7 @@ impl Generation {
         let mut c = Collected::default();
         while let Some(events) = self.next().await {
             for e in events {
-                match e {
-                    GenEvent::Text(t) => c.text.push_str(&t),
-                    GenEvent::Reasoning(t) => c.reasoning.push_str(&t),
-                    GenEvent::ToolCall { call, .. } => c.calls.push(call),
-                    GenEvent::Logprobs(l) => c.logprobs.extend(l),
-                    GenEvent::Done {
-                        stop,
-                        usage,
-                        reasoning_tokens,
-                    } => {
-                        c.stop = stop;
-                        c.usage = usage;
-                        c.reasoning_tokens = reasoning_tokens;
-                    }
-                }
+                c.add(e);
             }
         }
         c
@@ -958,6 +944,27 @@ pub struct Collected {
     pub usage: Usage,
     /// Generated tokens that were reasoning.
     pub reasoning_tokens: usize,
+}
+
+impl Collected {
+    /// Adds one event of the generation.
+    pub fn add(&mut self, e: GenEvent) {
+        match e {
+            GenEvent::Text(t) => self.text.push_str(&t),
+            GenEvent::Reasoning(t) => self.reasoning.push_str(&t),
+            GenEvent::ToolCall { call, .. } => self.calls.push(call),
+            GenEvent::Logprobs(l) => self.logprobs.extend(l),
+            GenEvent::Done {
+                stop,
+                usage,
+                reasoning_tokens,
+            } => {
+                self.stop = stop;
+                self.usage = usage;
+                self.reasoning_tokens = reasoning_tokens;
+            }
+        }
+    }
 }
 
 impl Default for Collected {

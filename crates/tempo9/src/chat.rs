@@ -165,7 +165,7 @@ impl ChatStream {
     pub async fn collect_async(mut self) -> Collected {
         let mut c = Collected::default();
         while let Some(e) = self.next_event().await {
-            add(&mut c, e);
+            c.add(e);
         }
         c
     }
@@ -183,24 +183,6 @@ impl Iterator for ChatStream {
 
     fn next(&mut self) -> Option<Event> {
         block_on(self.next_event())
-    }
-}
-
-fn add(c: &mut Collected, e: Event) {
-    match e {
-        GenEvent::Text(t) => c.text.push_str(&t),
-        GenEvent::Reasoning(t) => c.reasoning.push_str(&t),
-        GenEvent::ToolCall { call, .. } => c.calls.push(call),
-        GenEvent::Logprobs(l) => c.logprobs.extend(l),
-        GenEvent::Done {
-            stop,
-            usage,
-            reasoning_tokens,
-        } => {
-            c.stop = stop;
-            c.usage = usage;
-            c.reasoning_tokens = reasoning_tokens;
-        }
     }
 }
 

@@ -1183,7 +1183,13 @@ impl EngineCore {
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "draft model step failed: no drafts this step"),
+            Err(e) => {
+                // Their draft KV may be half written: start them afresh next time.
+                tracing::warn!(error = %e, "draft model step failed: no drafts this step");
+                for (id, _) in wanted {
+                    drafter.free(id);
+                }
+            }
         }
     }
 
