@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the synthetic test models that the llama.cpp fixtures were recorded on.
 
-Each greedy fixture of a synthetic model (tests/fixtures/<model>/greedy/*.json) names
+Each greedy fixture of a synthetic model (tests/fixtures/<model>/greedy/*.json, and
+the MTP-draft fixtures tests/fixtures/<model>/mtp/*.json) names
 the `tempo9 synth-gguf` command that made its file and the file's sha256. This runs
 those commands with the given tempo9 binary into $TEMPO9_MODELS (default
 ~/.cache/tempo9/models), next to the real test models, and checks every file's
@@ -38,7 +39,10 @@ def main():
     tempo9 = sys.argv[1]
     os.makedirs(models, exist_ok=True)
     wanted = {}
-    for fx in sorted(glob.glob(os.path.join(root, "tests/fixtures/*/greedy/*.json"))):
+    fixtures = glob.glob(os.path.join(root, "tests/fixtures/*/greedy/*.json"))
+    # The MTP-draft fixtures' files (scripts/fixtures/mtp_drafts.py).
+    fixtures += glob.glob(os.path.join(root, "tests/fixtures/*/mtp/*.json"))
+    for fx in sorted(fixtures):
         d = json.load(open(fx))
         if "synth" in d:
             wanted.setdefault(d["model"], d["synth"])

@@ -125,15 +125,20 @@ pub struct ModelArgs {
     pub deterministic: bool,
     /// Speculative decoding: draft up to N tokens per decoding request and step and
     /// verify them in the step (0 = off). Greedy output is unchanged (bit for bit with
-    /// `--deterministic` on the CPU); sampled output keeps its distribution. Not for
-    /// hybrid models (Qwen3.5) yet. Requests may opt out (`"speculation": false`).
+    /// `--deterministic` on the CPU); sampled output keeps its distribution. On hybrid
+    /// models (Qwen3.5) each request verifying drafts holds N scratch recurrent
+    /// states during a step (out of `--kv-budget`). Requests may opt out
+    /// (`"speculation": false`), or pass a predicted output (OpenAI `prediction`),
+    /// which then drafts first.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub speculation_k: usize,
     /// Where drafts come from with `--speculation-k`: `ngram` (prompt lookup: the
     /// tokens that followed the latest earlier occurrence of the context's last 2-4
     /// tokens; no extra weights) or `draft` (a smaller model with the same
     /// vocabulary, `--draft-gguf`, decodes them; its KV takes a share of
-    /// `--kv-budget`).
+    /// `--kv-budget`) or `mtp` (the model's own multi-token-prediction head, Qwen3.5's
+    /// `nextn` block, drafts from the model's hidden states; its one layer of KV takes
+    /// a share of `--kv-budget`).
     #[arg(long, value_name = "MODE", default_value = "ngram", value_parser = parse_spec_mode)]
     pub speculation: SpecMode,
     /// The draft model of `--speculation draft`: a GGUF file with the same
@@ -201,7 +206,7 @@ fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
 
 fn parse_spec_mode(s: &str) -> std::result::Result<SpecMode, String> {
     SpecMode::parse(s)
-        .ok_or_else(|| format!("unknown speculation mode `{s}` (known: ngram, draft)"))
+        .ok_or_else(|| format!("unknown speculation mode `{s}` (known: ngram, draft, mtp)"))
 }
 
 /// Default `--solo-step-tokens` on a GPU: a prompt prefilled alone in 2048-token

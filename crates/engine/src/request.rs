@@ -38,6 +38,11 @@ pub struct Request {
     /// Allow speculative decoding for this request when the engine has it on
     /// ([`crate::EngineConfig::speculation`]); `false` opts out.
     pub speculation: bool,
+    /// Predicted output (OpenAI's "predicted outputs"): tokens the answer is
+    /// expected to largely repeat, such as a file being edited. With speculative
+    /// decoding on, drafts come from it first (see [`crate::spec::propose_predicted`]);
+    /// the answer itself is what decoding without it gives.
+    pub prediction: Vec<u32>,
 }
 
 impl Request {
@@ -56,6 +61,7 @@ impl Request {
             constraint: None,
             deterministic: false,
             speculation: true,
+            prediction: Vec::new(),
         }
     }
 }

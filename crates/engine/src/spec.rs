@@ -11,9 +11,11 @@
 //! distribution). The first row whose draft differs yields the token actually
 //! sampled there; the KV of the rejected rows is dropped (the page tail only).
 //!
-//! Drafts come from the request's own context ([`propose_ngram`], prompt lookup:
-//! agents re-emit code, paths and JSON from their history), or from a smaller draft
-//! model with the same vocabulary ([`SpecMode::Draft`]).
+//! Drafts come from the request's predicted output when it has one
+//! ([`propose_predicted`]), else from the request's own context ([`propose_ngram`],
+//! prompt lookup: agents re-emit code, paths and JSON from their history), or from
+//! a smaller draft model with the same vocabulary ([`SpecMode::Draft`]), or the
+//! model's own multi-token-prediction head ([`SpecMode::Mtp`]).
 
 /// Where drafts come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,14 +27,18 @@ pub enum SpecMode {
     /// A second, smaller model with the same vocabulary decodes the drafts greedily
     /// (`EngineConfig::draft_model`; see `core::draft`).
     Draft,
+    /// The model's own multi-token-prediction head (Qwen3.5's `nextn` block)
+    /// decodes the drafts from the model's hidden states (see `core::mtp`).
+    Mtp,
 }
 
 impl SpecMode {
-    /// Parses `ngram` or `draft`.
+    /// Parses `ngram`, `draft` or `mtp`.
     pub fn parse(s: &str) -> Option<SpecMode> {
         match s {
             "ngram" => Some(SpecMode::Ngram),
             "draft" => Some(SpecMode::Draft),
+            "mtp" => Some(SpecMode::Mtp),
             _ => None,
         }
     }
@@ -98,6 +104,38 @@ pub fn propose_ngram(tokens: &[u32], k: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// Longest tail of the answer [`propose_predicted`] looks for in the prediction
+/// once the answer has left it.
+const PREDICTION_NGRAM: usize = 8;
+
+/// Up to `k` draft tokens from a request's predicted output (OpenAI's "predicted
+/// outputs"): while the answer so far (`answer`) repeats the prediction from its
+/// start, the prediction's next tokens; once it has parted from it, the tokens after
+/// the first place in the prediction where the answer's last tokens (up to
+/// [`PREDICTION_NGRAM`], longest first) occur: an edited file's answer rejoins the
+/// original after each change. Empty when nothing fits.
+pub fn propose_predicted(answer: &[u32], prediction: &[u32], k: usize) -> Vec<u32> {
+    let g = answer.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    if prediction.starts_with(answer) {
+        return prediction[g.min(prediction.len())..(g + k).min(prediction.len())].to_vec();
+    }
+    for n in (1..=PREDICTION_NGRAM.min(g)).rev() {
+        let tail = &answer[g - n..];
+        let found = prediction
+            .windows(n)
+            .position(|w| w == tail)
+            .map(|i| i + n)
+            .filter(|&from| from < prediction.len());
+        if let Some(from) = found {
+            return prediction[from..(from + k).min(prediction.len())].to_vec();
+        }
+    }
+    Vec::new()
+}
+
 /// A request's draft depth, adapted to how many of its drafts were accepted: up by
 /// one after a step that accepted all, halved after one that accepted none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +191,27 @@ mod tests {
         // Bigram "2 3" last occurred followed by 6, but the 3-gram "1 2 3" by 9.
         let t = [1, 2, 3, 9, 0, 2, 3, 6, 0, 1, 2, 3];
         assert_eq!(propose_ngram(&t, 1), vec![9]);
+    }
+
+    #[test]
+    fn predictions_draft_along_and_rejoin_after_an_edit() {
+        let pred = [10, 11, 12, 13, 14, 15, 16];
+        // Along the prediction from its start.
+        assert_eq!(propose_predicted(&[], &pred, 3), vec![10, 11, 12]);
+        assert_eq!(propose_predicted(&[10, 11], &pred, 3), vec![12, 13, 14]);
+        assert_eq!(
+            propose_predicted(&[10, 11, 12, 13, 14, 15], &pred, 3),
+            vec![16]
+        );
+        // Past its end: nothing.
+        assert!(propose_predicted(&pred, &pred, 3).is_empty());
+        // The answer changed 12 to 99: nothing until it rejoins, then what follows.
+        assert!(propose_predicted(&[10, 11, 99], &pred, 2).is_empty());
+        assert_eq!(propose_predicted(&[10, 11, 99, 13], &pred, 2), vec![14, 15]);
+        // The longest matching tail wins over a shorter, earlier one.
+        let pred = [1, 2, 7, 3, 2, 8];
+        assert_eq!(propose_predicted(&[5, 3, 2], &pred, 1), vec![8]);
+        assert!(propose_predicted(&[1], &pred, 0).is_empty());
     }
 
     #[test]

@@ -25,6 +25,15 @@ fn engine(model: &Arc<Model>, tok: &Arc<Tokenizer>, k: usize) -> EngineCore {
     EngineCore::new(model.clone(), tok.clone(), config(k, None)).expect("engine")
 }
 
+/// [`engine`], drafting with `mode` (n-gram or the model's MTP head).
+fn engine_mode(model: &Arc<Model>, tok: &Arc<Tokenizer>, k: usize, mode: SpecMode) -> EngineCore {
+    let mut c = config(k, None);
+    if let Some(s) = c.speculation.as_mut() {
+        s.mode = mode;
+    }
+    EngineCore::new(model.clone(), tok.clone(), c).expect("engine")
+}
+
 /// A deterministic engine's settings, with drafts of depth `k` (0: none) from
 /// `draft` (None: n-gram drafts).
 fn config(k: usize, draft: Option<&Arc<Model>>) -> EngineConfig {
@@ -89,58 +98,258 @@ const N_GEN: usize = 32;
 fn drafts_change_no_greedy_token_or_logprob() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for &(_, file) in &MODELS {
+        if !drafts_are_exact(file, false, SpecMode::Ngram) {
+            return;
+        }
+    }
+}
+
+/// As [`drafts_change_no_greedy_token_or_logprob`], on the synthetic hybrids
+/// (Qwen3.5 dense and MoE): a verifying request's rows carry one recurrent state
+/// through, and a rejected draft's state is rolled back to the last valid row's.
+/// Their random weights repeat nothing, so the drafts come from a predicted output:
+/// the answer decoded without drafts with two of every five tokens changed.
+#[test]
+fn hybrid_drafts_change_no_greedy_token_or_logprob() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for &(_, file) in &SYNTH_MODELS[2..4] {
+        if !drafts_are_exact(file, true, SpecMode::Ngram) {
+            return;
+        }
+    }
+}
+
+/// As [`hybrid_drafts_change_no_greedy_token_or_logprob`], with drafts from the
+/// models' own MTP heads (synthetic Qwen3.5 dense and MoE files with an MTP block):
+/// its drafts alone (a random head's, nearly all rejected), and with predicted
+/// outputs drafting first (accepted where they hold).
+#[test]
+fn mtp_drafts_change_no_greedy_token_or_logprob() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for file in MTP_MODELS {
+        for predicted in [false, true] {
+            if !drafts_are_exact(file, predicted, SpecMode::Mtp) {
+                return;
+            }
+        }
+    }
+}
+
+/// The MTP head drafts what llama.cpp's does (`--spec-type draft-mtp`, the same
+/// build as the parity fixtures): on the synthetic files with an MTP block, three
+/// prompts decoded greedily with 3 drafts a step, each draft recorded by
+/// `scripts/fixtures/mtp_drafts.py` from llama.cpp's log. Compared where both
+/// engines drafted after the same tokens, up to a draft that llama.cpp picked by
+/// less than [`MTP_TIE`] of probability over its runner-up (a near tie that float
+/// rounding may order either way), or up to a differing draft (the next depends
+/// on it).
+#[test]
+fn mtp_drafts_match_llama_cpp() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for file in MTP_MODELS {
+        let dir = file.trim_end_matches(".gguf");
+        let fixtures = std::fs::read_dir(fixtures_dir().join(dir).join("mtp"))
+            .unwrap_or_else(|e| panic!("{dir}: no MTP fixtures: {e}"));
+        let Some(fx) = fixtures
+            .map(|e| e.expect("fixture").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .min()
+            .map(|p| {
+                serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(p).unwrap())
+                    .unwrap()
+            })
+        else {
+            panic!("{dir}: no MTP fixture");
+        };
         let Some(model) = load(file) else {
             return;
         };
         let tok = tokenizer(&model);
-        let raw = prompts(&tok, false);
-        let chat = prompts(&tok, true);
-        let ps = [&raw[0], &raw[2], &chat[1], &chat[3]];
-        let alone = |k: usize, p: &[u32]| {
-            run_batch(&mut engine(&model, &tok, k), vec![request(p, N_GEN)]).remove(0)
-        };
-        let plain: Vec<Output> = ps.iter().map(|p| alone(0, p)).collect();
-        let check = |k: usize, i: usize, got: &Output, how: &str| {
-            assert_eq!(
-                got.tokens, plain[i].tokens,
-                "{file} k={k} {how} prompt {i}: tokens"
-            );
-            assert_eq!(
-                got.top_logprobs, plain[i].top_logprobs,
-                "{file} k={k} {how} prompt {i}: logprobs"
-            );
-            assert_eq!(got.finish.usage.completion_tokens, N_GEN);
-        };
-        for k in [1, 4] {
-            let (mut drafted, mut accepted) = (0, 0);
-            for (i, p) in ps.iter().enumerate() {
-                let got = alone(k, p);
-                check(k, i, &got, "alone");
-                drafted += got.finish.usage.draft_tokens;
-                accepted += got.finish.usage.accepted_draft_tokens;
+        let k = fx["k"].as_u64().unwrap() as usize;
+        let (mut compared, mut same) = (0, 0);
+        for run in fx["runs"].as_array().unwrap() {
+            let prompt = ids(&run["prompt"]);
+            let theirs = ids(&run["tokens"]);
+            let (ours, steps) = drafts_of(&model, &tok, k, &prompt, theirs.len());
+            // Both contexts: the prompt, then each engine's tokens.
+            let agree = ours.iter().zip(&theirs).take_while(|(a, b)| a == b).count();
+            for step in run["steps"].as_array().unwrap() {
+                let n = step["n_tokens"].as_u64().unwrap() as usize;
+                let last = step["last"].as_u64().unwrap() as u32;
+                // Only where our context is theirs, up to and including `last`.
+                if n < prompt.len() || n - prompt.len() + 1 > agree {
+                    continue;
+                }
+                let Some((_, got)) = steps.iter().find(|(m, _)| *m == n) else {
+                    panic!("{file}: no drafts after {n} tokens ({last}); ours: {steps:?}");
+                };
+                for (i, d) in step["drafts"].as_array().unwrap().iter().enumerate() {
+                    let (want, p0, p1) = (
+                        d[0].as_u64().unwrap() as u32,
+                        d[1].as_f64().unwrap(),
+                        d[3].as_f64().unwrap(),
+                    );
+                    if p0 - p1 < MTP_TIE || i >= got.len() {
+                        break;
+                    }
+                    compared += 1;
+                    if got[i] != want {
+                        eprintln!("{file}: after {n} tokens, draft {i}: {} vs llama.cpp's {want} ({p0:.3} over {p1:.3})", got[i]);
+                        break;
+                    }
+                    same += 1;
+                }
             }
-            eprintln!("{file} k={k} alone: {accepted} of {drafted} drafts accepted");
-            assert!(accepted > 0, "{file} k={k}: no draft was accepted");
-            assert!(accepted < drafted, "{file} k={k}: no draft was rejected");
         }
-        // Batched: all four, each speculating (with k = 0, the engine's own batch
-        // invariance, which the drafted runs rely on).
-        for k in [0, 2, 3] {
-            let mut eng = engine(&model, &tok, k);
-            let reqs = ps.iter().map(|p| request(p, N_GEN)).collect();
-            let got = run_batch(&mut eng, reqs);
-            for (i, g) in got.iter().enumerate() {
-                check(k, i, g, "batched");
-            }
-            let st = eng.stats();
-            eprintln!(
-                "{file} k={k} batched: {} of {} drafts accepted",
-                st.accepted_draft_tokens_total, st.draft_tokens_total
-            );
-            assert!(k == 0 || st.draft_tokens_total > 0, "{file}: {st:?}");
-            assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
+        eprintln!("{file}: {same} of {compared} drafts compared equal llama.cpp's");
+        assert!(compared >= 20, "{file}: only {compared} drafts compared");
+        assert_eq!(same, compared, "{file}: drafts differ from llama.cpp's");
+    }
+}
+
+/// Probability by which llama.cpp's draft must beat its runner-up to be compared.
+const MTP_TIE: f64 = 0.02;
+
+/// Decodes `n` tokens after `prompt` greedily with `k` MTP drafts a step; returns
+/// the tokens and each step's drafts, by the number of tokens before the token
+/// they follow (from the engine's `tempo9_engine::drafts` trace events).
+fn drafts_of(
+    model: &Arc<Model>,
+    tok: &Arc<Tokenizer>,
+    k: usize,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<(usize, Vec<u32>)>) {
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("tempo9_engine::drafts=trace")
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, || {
+        let mut eng = engine_mode(model, tok, k, SpecMode::Mtp);
+        let mut r = request(prompt, n);
+        r.logprobs = false;
+        r.top_logprobs = 0;
+        run_batch(&mut eng, vec![r]).remove(0)
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let steps = text
+        .lines()
+        .filter_map(|l| {
+            let field = |name: &str| {
+                let at = l.find(&format!("{name}="))? + name.len() + 1;
+                Some(&l[at..])
+            };
+            let n: usize = field("n_tokens")?.split_whitespace().next()?.parse().ok()?;
+            let list = field("drafts")?;
+            let list = &list[1..list.find(']')?];
+            let drafts = list
+                .split(", ")
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().unwrap())
+                .collect();
+            Some((n, drafts))
+        })
+        .collect();
+    (out.tokens, steps)
+}
+
+/// The synthetic Qwen3.5 files with an MTP block (`synth-gguf --mtp`).
+const MTP_MODELS: [&str; 2] = ["qwen35-tiny-mtp.gguf", "qwen35moe-tiny-mtp.gguf"];
+
+/// The checks of [`drafts_change_no_greedy_token_or_logprob`] on one model file,
+/// drafting from the context or, with `predicted`, from a predicted output (the
+/// plain answer with two of every five tokens changed); false when the file is missing
+/// (skipped).
+fn drafts_are_exact(file: &str, predicted: bool, mode: SpecMode) -> bool {
+    let Some(model) = load(file) else {
+        return false;
+    };
+    let tok = tokenizer(&model);
+    let raw = prompts(&tok, false);
+    let chat = prompts(&tok, true);
+    let ps = [&raw[0], &raw[2], &chat[1], &chat[3]];
+    let plain: Vec<Output> = ps
+        .iter()
+        .map(|p| run_batch(&mut engine(&model, &tok, 0), vec![request(p, N_GEN)]).remove(0))
+        .collect();
+    let edited = |i: usize| -> Vec<u32> {
+        let mut t = plain[i].tokens.clone();
+        for (j, x) in t.iter_mut().enumerate() {
+            if j % 5 >= 3 {
+                *x ^= 1;
+            }
+        }
+        t
+    };
+    let req = |i: usize| {
+        let mut r = request(ps[i], N_GEN);
+        if predicted {
+            r.prediction = edited(i);
+        }
+        r
+    };
+    let alone = |k: usize, i: usize| {
+        run_batch(&mut engine_mode(&model, &tok, k, mode), vec![req(i)]).remove(0)
+    };
+    let check = |k: usize, i: usize, got: &Output, how: &str| {
+        assert_eq!(
+            got.tokens, plain[i].tokens,
+            "{file} k={k} {how} prompt {i}: tokens"
+        );
+        assert_eq!(
+            got.top_logprobs, plain[i].top_logprobs,
+            "{file} k={k} {how} prompt {i}: logprobs"
+        );
+        assert_eq!(got.finish.usage.completion_tokens, N_GEN);
+    };
+    for k in [1, 4] {
+        let (mut drafted, mut accepted) = (0, 0);
+        for i in 0..ps.len() {
+            let got = alone(k, i);
+            check(k, i, &got, "alone");
+            drafted += got.finish.usage.draft_tokens;
+            accepted += got.finish.usage.accepted_draft_tokens;
+        }
+        eprintln!("{file} {mode:?} k={k} alone: {accepted} of {drafted} drafts accepted");
+        // A random MTP head's drafts are rejected.
+        assert!(
+            accepted > 0 || (mode == SpecMode::Mtp && !predicted),
+            "{file} k={k}: no draft was accepted"
+        );
+        assert!(accepted < drafted, "{file} k={k}: no draft was rejected");
+    }
+    // Batched: all four, each speculating (with k = 0, the engine's own batch
+    // invariance, which the drafted runs rely on).
+    for k in [0, 2, 3] {
+        let mut eng = engine_mode(&model, &tok, k, mode);
+        let reqs = (0..ps.len()).map(req).collect();
+        let got = run_batch(&mut eng, reqs);
+        for (i, g) in got.iter().enumerate() {
+            check(k, i, g, "batched");
+        }
+        let st = eng.stats();
+        eprintln!(
+            "{file} k={k} batched: {} of {} drafts accepted",
+            st.accepted_draft_tokens_total, st.draft_tokens_total
+        );
+        assert!(k == 0 || st.draft_tokens_total > 0, "{file}: {st:?}");
+        assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
+    }
+    true
 }
 
 /// Sampling at temperature 1 with drafts gives tokens from the same distribution

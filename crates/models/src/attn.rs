@@ -392,6 +392,7 @@ mod tests {
             }],
             tiled_prompt: false,
             state_snapshot: None,
+            continues: false,
         }
     }
 
@@ -404,6 +405,7 @@ mod tests {
             seqs,
             output_rows: vec![0],
             batch_invariant: false,
+            hidden_rows: Vec::new(),
         }
     }
 

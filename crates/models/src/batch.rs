@@ -29,6 +29,10 @@ pub struct StepBatch {
     /// where ggml repacks none of Q5_0/Q8_0); off, a lone row takes ggml's dot
     /// products as llama.cpp's own decode does.
     pub batch_invariant: bool,
+    /// Rows whose final hidden state (after the output norm) is returned too, in
+    /// this order: the input of the model's multi-token-prediction head (see
+    /// [`crate::Model::forward_hidden`]). Only models with an MTP head.
+    pub hidden_rows: Vec<i32>,
 }
 
 /// A run of consecutive KV cells: `start..start + len`.
@@ -85,6 +89,12 @@ pub struct SeqSpan {
     /// of its rows, written into another slot of the recurrent group in the same
     /// step (a checkpoint inside a prompt piece, so the piece need not end there).
     pub state_snapshot: Option<StateSnapshot>,
+    /// The rows continue the previous span's sequence: a verifying decode's next row
+    /// (see the engine's speculative decoding). Attention treats the span as its own
+    /// (its own window and mask, so each row computes as it would decoded alone);
+    /// recurrent layers run its rows right after the previous span's, from the state
+    /// those left, in the same state slot. Models without recurrent layers ignore it.
+    pub continues: bool,
 }
 
 /// Where a sequence's mid-piece recurrent state goes (see [`SeqSpan::state_snapshot`]).
@@ -138,17 +148,27 @@ pub(crate) fn check(hp: &HParams, b: &StepBatch, kv: &KvStore) -> Result<(), Mod
         .iter()
         .map(|g| g.kind == GroupKind::Full && g.layers.iter().any(|&il| hp.is_swa[il]))
         .collect();
+    let recurrent = kv
+        .groups()
+        .iter()
+        .position(|g| g.kind == GroupKind::Recurrent);
     let mut next_row = 0;
-    for s in &b.seqs {
+    for (i, s) in b.seqs.iter().enumerate() {
         if s.row_start != next_row || s.n_rows == 0 {
             return bad("sequence spans must cover the tokens in order".into());
         }
+        if s.continues {
+            // A continuing span carries the previous span's state on.
+            let slot =
+                |s: &SeqSpan| recurrent.and_then(|g| s.views.get(g)?.window.first().copied());
+            if i == 0 || slot(s) != slot(&b.seqs[i - 1]) {
+                return bad(format!(
+                    "sequence span {i} continues one that is not there or has another state slot"
+                ));
+            }
+        }
         next_row += s.n_rows;
         if let Some(snap) = s.state_snapshot {
-            let recurrent = kv
-                .groups()
-                .iter()
-                .position(|g| g.kind == GroupKind::Recurrent);
             let Some(g) = recurrent else {
                 return bad("a state snapshot in a model without recurrent layers".into());
             };
@@ -222,6 +242,12 @@ pub(crate) fn check(hp: &HParams, b: &StepBatch, kv: &KvStore) -> Result<(), Mod
     }
     if b.output_rows.is_empty() || b.output_rows.iter().any(|&r| r < 0 || r as usize >= n) {
         return bad("output rows empty or out of range".into());
+    }
+    if b.hidden_rows.iter().any(|&r| r < 0 || r as usize >= n) {
+        return bad("hidden rows out of range".into());
+    }
+    if !b.hidden_rows.is_empty() && hp.n_nextn == 0 {
+        return bad("hidden rows asked of a model without an MTP head".into());
     }
     Ok(())
 }

@@ -77,27 +77,59 @@ pub(crate) struct StateOp {
 }
 
 /// The state ops of `batch` for its recurrent cache group (none without one).
+///
+/// Spans that continue the previous one ([`crate::SeqSpan::continues`]) join its
+/// sequence: one state walks through all their rows, and each span's snapshot
+/// counts its rows back from the end of the joined sequence.
 pub(crate) fn plan(batch: &StepBatch, groups: &[GroupKind]) -> Vec<StateOp> {
     let Some(g) = groups.iter().position(|k| *k == GroupKind::Recurrent) else {
         return Vec::new();
     };
-    let mut ops: Vec<StateOp> = Vec::new();
+    // The step's recurrent sequences, continuing spans joined.
+    struct Chain {
+        row_start: usize,
+        n_rows: usize,
+        slot: i32,
+        /// (rows back from the chain's end, slot written).
+        snaps: Vec<(usize, i32)>,
+    }
+    let mut chains: Vec<Chain> = Vec::new();
     for s in &batch.seqs {
         let slot = s.views[g].window[0].start as i32;
-        match ops.last_mut() {
-            Some(op) if op.n_rows == s.n_rows => op.slots.push(slot),
-            _ => ops.push(StateOp {
+        match chains.last_mut() {
+            Some(c) if s.continues => {
+                for snap in &mut c.snaps {
+                    snap.0 += s.n_rows;
+                }
+                c.n_rows += s.n_rows;
+            }
+            _ => chains.push(Chain {
                 row_start: s.row_start,
                 n_rows: s.n_rows,
-                slots: vec![slot],
+                slot,
                 snaps: Vec::new(),
             }),
         }
         if let Some(snap) = s.state_snapshot {
-            let op = ops.last_mut().expect("pushed above");
-            op.snaps
-                .push((op.slots.len() - 1, snap.back, snap.slot as i32));
+            let c = chains.last_mut().expect("pushed above");
+            c.snaps.push((snap.back, snap.slot as i32));
         }
+    }
+    let mut ops: Vec<StateOp> = Vec::new();
+    for c in chains {
+        match ops.last_mut() {
+            Some(op) if op.n_rows == c.n_rows => op.slots.push(c.slot),
+            _ => ops.push(StateOp {
+                row_start: c.row_start,
+                n_rows: c.n_rows,
+                slots: vec![c.slot],
+                snaps: Vec::new(),
+            }),
+        }
+        let op = ops.last_mut().expect("pushed above");
+        let i = op.slots.len() - 1;
+        op.snaps
+            .extend(c.snaps.into_iter().map(|(back, slot)| (i, back, slot)));
     }
     ops
 }

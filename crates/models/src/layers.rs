@@ -23,6 +23,9 @@ pub(crate) struct Inputs<'a> {
     /// Per cache group, the step's attention ops (see [`crate::attn`]).
     pub attn: Vec<Vec<AttnInputs<'a>>>,
     pub out_ids: Tensor<'a>,
+    /// An MTP graph's hidden-state input `[n_embd, n_tokens]` F32 (see
+    /// [`crate::Model::mtp_forward`]).
+    pub h_in: Option<Tensor<'a>>,
     pub n_tokens: usize,
     /// Row indices (into an assembled attention window) with their values: one
     /// input per distinct (offset, length), shared by all layers.
@@ -75,6 +78,10 @@ pub(crate) struct Builder<'a> {
     pub cpu: bool,
     /// [`crate::StepBatch::batch_invariant`].
     pub invariant: bool,
+    /// Set by the architecture: every row's final hidden state after the output
+    /// norm `[n_embd, n_tokens]`, the input of its MTP head (only architectures
+    /// with one set it; see [`crate::StepBatch::hidden_rows`]).
+    pub hidden: Option<Tensor<'a>>,
 }
 
 /// One query row's attention without flash attention: `q` `[d, 1, n_head]`, `k`

@@ -110,6 +110,9 @@ impl LoadOptions<'_> {
 /// A loaded model: hyper-parameters, weights on a device, and its graph builder.
 pub struct Model {
     hp: HParams,
+    /// The MTP head's hyper-parameters, when the file has one it runs: the trunk's,
+    /// as for a model of one full-attention layer (its KV store's layer 0).
+    mtp_hp: Option<HParams>,
     weights: Weights,
     graphs: Graphs,
     device: Device,
@@ -155,8 +158,15 @@ impl Model {
             progress,
         )?;
         tracing::info!(arch = hp.arch.name(), layers = hp.n_layer, placement = ?weights.placement, "model loaded");
+        let mtp_hp = (hp.n_nextn > 0 && matches!(graphs, Graphs::Qwen35(_))).then(|| HParams {
+            n_layer: 1,
+            is_swa: vec![false],
+            is_recurrent: vec![false],
+            ..hp.clone()
+        });
         Ok(Model {
             hp,
+            mtp_hp,
             weights,
             graphs,
             device: opts.device,
@@ -168,6 +178,41 @@ impl Model {
     /// Hyper-parameters.
     pub fn hparams(&self) -> &HParams {
         &self.hp
+    }
+
+    /// The hyper-parameters a graph's layers are built with: the trunk's, or the MTP
+    /// head's (one layer).
+    pub(crate) fn layer_hparams(&self, mtp: bool) -> &HParams {
+        match (mtp, &self.mtp_hp) {
+            (true, Some(h)) => h,
+            _ => &self.hp,
+        }
+    }
+
+    /// Whether the model has a multi-token-prediction head that
+    /// [`Model::mtp_forward`] runs (Qwen3.5's `nextn` block).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp_hp.is_some()
+    }
+
+    /// A KV store for the MTP head's attention: `cells` cells of its one layer.
+    pub fn new_mtp_kv(&self, cells: usize) -> Result<Arc<KvStore>, ModelError> {
+        let hp = self
+            .mtp_hp
+            .as_ref()
+            .ok_or_else(|| ModelError::BadBatch("the model has no MTP head".into()))?;
+        let groups = [CacheGroup {
+            kind: GroupKind::Full,
+            layers: vec![0],
+        }];
+        KvStore::new(hp, self.device, &groups, &[cells]).map(Arc::new)
+    }
+
+    /// Bytes of one token's K and V in the MTP head (F16 rows, its one layer).
+    pub fn mtp_token_bytes(&self) -> usize {
+        self.mtp_hp
+            .as_ref()
+            .map_or(0, |h| (h.n_embd_k() + h.n_embd_v()) * 2)
     }
 
     /// The device the model runs on.
@@ -254,7 +299,51 @@ impl Model {
         greedy: bool,
     ) -> Result<StepOutput, ModelError> {
         batch::check(&self.hp, batch, kv)?;
-        self.step(exec, kv, batch, greedy)
+        self.step(exec, kv, batch, greedy, None).map(|(out, _)| out)
+    }
+
+    /// Like [`Model::forward_step`], also returning the final hidden states (after
+    /// the output norm) of [`StepBatch::hidden_rows`], `n_embd` floats each in that
+    /// order: what the model's MTP head drafts from.
+    pub fn forward_hidden(
+        self: &Arc<Self>,
+        exec: &mut Executor,
+        kv: &Arc<KvStore>,
+        batch: &StepBatch,
+        greedy: bool,
+    ) -> Result<(StepOutput, Vec<f32>), ModelError> {
+        batch::check(&self.hp, batch, kv)?;
+        self.step(exec, kv, batch, greedy, None)
+    }
+
+    /// Runs the MTP head (see [`Model::has_mtp`]) over `batch` in its own KV store
+    /// ([`Model::new_mtp_kv`]): row `i` combines token `batch.tokens[i]` with the
+    /// hidden state `h_in[i * n_embd..]` of the position before it (the trunk's, or
+    /// the head's own for a further draft). Returns the output rows' logits (or
+    /// greedy tokens) and the head's hidden states of [`StepBatch::hidden_rows`],
+    /// the input of its next draft.
+    pub fn mtp_forward(
+        self: &Arc<Self>,
+        exec: &mut Executor,
+        kv: &Arc<KvStore>,
+        batch: &StepBatch,
+        h_in: &[f32],
+        greedy: bool,
+    ) -> Result<(StepOutput, Vec<f32>), ModelError> {
+        let hp = self
+            .mtp_hp
+            .as_ref()
+            .ok_or_else(|| ModelError::BadBatch("the model has no MTP head".into()))?;
+        batch::check(hp, batch, kv)?;
+        if h_in.len() != batch.tokens.len() * hp.n_embd {
+            return Err(ModelError::BadBatch(format!(
+                "{} hidden-state floats for {} rows of {}",
+                h_in.len(),
+                batch.tokens.len(),
+                hp.n_embd
+            )));
+        }
+        self.step(exec, kv, batch, greedy, Some(h_in))
     }
 }
 

@@ -32,13 +32,27 @@ struct StepShape {
     n_out: usize,
     /// The graph ends in an argmax (greedy tokens) instead of logits.
     greedy: bool,
+    /// The MTP head's graph instead of the trunk's.
+    mtp: bool,
+    /// Rows whose hidden states are returned.
+    n_hidden: usize,
     /// Each sequence's (first row, rows): the matmul row groups.
     seqs: Vec<(usize, usize)>,
     /// Per cache group, its attention ops.
     ops: Vec<Vec<OpShape>>,
     /// [`StepBatch::batch_invariant`].
     invariant: bool,
-    /// (sequence index, rows back) of each state snapshot: baked into the graph.
+    /// Each recurrent state op's layout: baked into the graph.
+    states: Vec<StateShape>,
+}
+
+/// What a recurrent state op bakes into the graph.
+#[derive(Debug, PartialEq, Eq)]
+struct StateShape {
+    row_start: usize,
+    n_rows: usize,
+    n_seqs: usize,
+    /// Its snapshots' (sequence index in the op, rows back).
     snaps: Vec<(usize, usize)>,
 }
 
@@ -78,7 +92,9 @@ impl StepShape {
         kv: &KvStore,
         b: &StepBatch,
         ops: &[Vec<AttnOp<'_>>],
+        states: &[StateOp],
         greedy: bool,
+        mtp: bool,
     ) -> StepShape {
         StepShape {
             model: model as *const Model as usize,
@@ -86,13 +102,18 @@ impl StepShape {
             n_tokens: b.tokens.len(),
             n_out: b.output_rows.len(),
             greedy,
+            mtp,
+            n_hidden: b.hidden_rows.len(),
             invariant: b.batch_invariant,
             seqs: b.seqs.iter().map(|s| (s.row_start, s.n_rows)).collect(),
-            snaps: b
-                .seqs
+            states: states
                 .iter()
-                .enumerate()
-                .filter_map(|(i, s)| s.state_snapshot.map(|snap| (i, snap.back)))
+                .map(|op| StateShape {
+                    row_start: op.row_start,
+                    n_rows: op.n_rows,
+                    n_seqs: op.slots.len(),
+                    snaps: op.snaps.iter().map(|&(i, back, _)| (i, back)).collect(),
+                })
                 .collect(),
             ops: ops
                 .iter()
@@ -140,6 +161,10 @@ struct InputIds {
     out_ids: usize,
     /// The logits, or in a greedy graph the token ids.
     out: usize,
+    /// The hidden rows' indices and values (see [`StepBatch::hidden_rows`]).
+    hidden: Option<(usize, usize)>,
+    /// An MTP graph's hidden-state input.
+    h_in: Option<usize>,
     /// Per cache group, its attention ops' inputs.
     attn: Vec<Vec<AttnIds>>,
     /// Window row indices with their values.
@@ -211,7 +236,8 @@ impl Model {
         kv: &Arc<KvStore>,
         batch: &StepBatch,
         greedy: bool,
-    ) -> Result<StepOutput, ModelError> {
+        h_in: Option<&[f32]>,
+    ) -> Result<(StepOutput, Vec<f32>), ModelError> {
         let cpu = self.device.kind() == DeviceKind::Cpu;
         let ops: Vec<Vec<AttnOp<'_>>> = (0..kv.n_groups())
             .map(|g| match kv.groups()[g].kind {
@@ -221,7 +247,7 @@ impl Model {
             .collect();
         let kinds: Vec<GroupKind> = kv.groups().iter().map(|g| g.kind.clone()).collect();
         let states = crate::deltanet::plan(batch, &kinds);
-        let shape = StepShape::of(self, kv, batch, &ops, greedy);
+        let shape = StepShape::of(self, kv, batch, &ops, &states, greedy, h_in.is_some());
         let Executor { sched, kept, built } = exec;
         let t0 = std::time::Instant::now();
         if kept.as_ref().is_none_or(|k| k.shape != shape) {
@@ -232,7 +258,7 @@ impl Model {
         }
         let build_ms = t0.elapsed().as_secs_f64() * 1e3;
         let step = kept.as_ref().expect("built above");
-        let result = self.run(sched, step, batch, &ops, &states, build_ms);
+        let result = self.run(sched, step, batch, &ops, &states, h_in, build_ms);
         if result.is_err() {
             // The scheduler may be half-way through it: build afresh next time.
             *kept = None;
@@ -254,6 +280,10 @@ impl Model {
         let n_out = batch.output_rows.len();
         let greedy = shape.greedy;
         let invariant = shape.invariant;
+        let mtp = shape.mtp;
+        let shape_hidden = shape.n_hidden;
+        let hp = self.layer_hparams(mtp);
+        let n_embd = hp.n_embd as i64;
         // Size the arena to this graph (a fixed worst case would cost a large
         // allocation and page faults on every rebuild).
         // Per layer: fixed ops plus, per sequence, its attention ops and the K and
@@ -281,7 +311,7 @@ impl Model {
             })
             .collect();
         let nodes = 256
-            + (0..self.hp.n_layer)
+            + (0..hp.n_layer)
                 .map(|il| per_group[kv.group_of(il)])
                 .sum::<usize>();
         if nodes > MAX_NODES {
@@ -353,6 +383,7 @@ impl Model {
                     .map(|g| g.iter().map(attn_inputs).collect())
                     .collect(),
                 out_ids: ctx.new_input("inp_out_ids", DType::I32, &[n_out as i64]),
+                h_in: mtp.then(|| ctx.new_input("inp_mtp_h", DType::F32, &[n_embd, n_t as i64])),
                 n_tokens: n_t,
                 window_rows: Vec::new(),
             };
@@ -362,12 +393,15 @@ impl Model {
                 graph,
                 w: &model.weights,
                 kv,
-                hp: &model.hp,
+                hp: model.layer_hparams(mtp),
                 inp,
                 cpu,
                 invariant,
+                hidden: None,
             };
             let logits: Tensor<'_> = match &model.graphs {
+                Graphs::Qwen35(g) if mtp => g.build_mtp(&mut b)?,
+                _ if mtp => return Err(ModelError::BadBatch("the model has no MTP head".into())),
                 Graphs::Llama(g) => g.build(&mut b),
                 Graphs::Gemma3(g) => g.build(&mut b),
                 Graphs::Qwen3(g) => g.build(&mut b),
@@ -377,6 +411,21 @@ impl Model {
             let out = if greedy { b.ctx.argmax(logits) } else { logits };
             out.set_output();
             b.graph.expand(out);
+            let hidden = match (b.hidden, shape_hidden) {
+                (_, 0) => None,
+                (Some(h), n) => {
+                    let ids = b.ctx.new_input("inp_hidden_ids", DType::I32, &[n as i64]);
+                    let rows = b.ctx.get_rows(h, ids);
+                    rows.set_output();
+                    b.graph.expand(rows);
+                    Some((ids, rows))
+                }
+                (None, _) => {
+                    return Err(ModelError::BadBatch(
+                        "hidden rows asked of a model without an MTP head".into(),
+                    ))
+                }
+            };
             let Builder { graph, inp, .. } = b;
             // The tensors written or read each step, by index.
             let mut keep = Vec::new();
@@ -398,6 +447,8 @@ impl Model {
                 slots: Vec::new(),
                 out_ids: kept(&mut keep, inp.out_ids),
                 out: kept(&mut keep, out),
+                hidden: hidden.map(|(i, r)| (kept(&mut keep, i), kept(&mut keep, r))),
+                h_in: inp.h_in.map(|t| kept(&mut keep, t)),
                 attn: Vec::new(),
                 window_rows: Vec::new(),
             };
@@ -436,7 +487,8 @@ impl Model {
     }
 
     /// Writes a step's inputs into its allocated graph, computes it and reads the
-    /// logits (or greedy tokens).
+    /// logits (or greedy tokens) and hidden rows.
+    #[allow(clippy::too_many_arguments)] // The step's parts, each feeding inputs.
     fn run(
         &self,
         sched: &mut Scheduler,
@@ -444,8 +496,9 @@ impl Model {
         batch: &StepBatch,
         ops: &[Vec<AttnOp<'_>>],
         states: &[StateOp],
+        h_in: Option<&[f32]>,
         build_ms: f64,
-    ) -> Result<StepOutput, ModelError> {
+    ) -> Result<(StepOutput, Vec<f32>), ModelError> {
         let t0 = std::time::Instant::now();
         let (g, ins) = (&step.graph, &step.ins);
         let toks: Vec<i32> = batch.tokens.iter().map(|&t| t as i32).collect();
@@ -510,6 +563,12 @@ impl Model {
             }
         }
         g.tensor(ins.out_ids).write(&batch.output_rows)?;
+        if let Some((ids, _)) = ins.hidden {
+            g.tensor(ids).write(&batch.hidden_rows)?;
+        }
+        if let (Some(t), Some(h)) = (ins.h_in, h_in) {
+            g.tensor(t).write(h)?;
+        }
         for (t, rows) in &ins.window_rows {
             g.tensor(*t).write(rows)?;
         }
@@ -527,17 +586,21 @@ impl Model {
             compute_ms = (t2 - t1).as_secs_f64() * 1e3,
             "forward"
         );
+        let mut hidden = Vec::new();
+        if let Some((_, rows)) = ins.hidden {
+            hidden = vec![0f32; batch.hidden_rows.len() * self.hp.n_embd];
+            g.tensor(rows).read_f32(0, &mut hidden)?;
+        }
         let n_out = batch.output_rows.len();
         if step.shape.greedy {
             let mut ids = vec![0i32; n_out];
             g.tensor(ins.out).read_i32(&mut ids)?;
             // -1: nothing above -f32::MAX (the host sampler's argmax gives 0 then).
-            return Ok(StepOutput::Tokens(
-                ids.into_iter().map(|t| t.max(0) as u32).collect(),
-            ));
+            let ids = ids.into_iter().map(|t| t.max(0) as u32).collect();
+            return Ok((StepOutput::Tokens(ids), hidden));
         }
         let mut out = vec![0f32; n_out * self.hp.n_vocab];
         g.tensor(ins.out).read_f32(0, &mut out)?;
-        Ok(StepOutput::Logits(out))
+        Ok((StepOutput::Logits(out), hidden))
     }
 }

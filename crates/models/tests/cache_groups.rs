@@ -111,6 +111,7 @@ impl Layout {
                 views,
                 tiled_prompt: tiled,
                 state_snapshot: None,
+                continues: false,
             });
             b.output_rows.push((row_start + n_rows - 1) as i32);
         }
@@ -510,6 +511,7 @@ fn batches_are_checked_per_group() {
                 .collect(),
             tiled_prompt: false,
             state_snapshot: None,
+            continues: false,
         });
         b
     };

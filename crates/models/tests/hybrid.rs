@@ -162,12 +162,26 @@ struct Part<'t> {
     slot: usize,
     /// Also write the state this many rows before the end into that slot.
     snapshot: Option<StateSnapshot>,
+    /// Continues the previous part's sequence (see [`SeqSpan::continues`]).
+    continues: bool,
 }
 
 /// Runs one step of `parts`; returns every row's logits.
 fn step(model: &Arc<Model>, kv: &Arc<KvStore>, parts: &[Part<'_>]) -> Vec<Vec<f32>> {
+    step_with(model, kv, parts, false)
+}
+
+/// [`step`], with batch-invariant numbers when `invariant` (see
+/// [`StepBatch::batch_invariant`]).
+fn step_with(
+    model: &Arc<Model>,
+    kv: &Arc<KvStore>,
+    parts: &[Part<'_>],
+    invariant: bool,
+) -> Vec<Vec<f32>> {
     let mut b = StepBatch {
         kv_slots: vec![Vec::new(), Vec::new()],
+        batch_invariant: invariant,
         ..StepBatch::default()
     };
     for p in parts {
@@ -204,6 +218,7 @@ fn step(model: &Arc<Model>, kv: &Arc<KvStore>, parts: &[Part<'_>]) -> Vec<Vec<f3
             ],
             tiled_prompt: false,
             state_snapshot: p.snapshot,
+            continues: p.continues,
         });
     }
     b.output_rows = (0..b.tokens.len() as i32).collect();
@@ -264,6 +279,7 @@ fn chunked_prompt_matches_one_step() {
                 base: 0,
                 slot: 2,
                 snapshot: None,
+                continues: false,
             }],
         )
     };
@@ -281,6 +297,7 @@ fn chunked_prompt_matches_one_step() {
                     base: 0,
                     slot: 2,
                     snapshot: None,
+                    continues: false,
                 }],
             );
             for (j, r) in rows.iter().enumerate() {
@@ -302,6 +319,7 @@ fn chunked_prompt_matches_one_step() {
             base: 0,
             slot: 2,
             snapshot: None,
+            continues: false,
         }],
     );
     kv.clear_cells(1, 2, 1).unwrap();
@@ -314,6 +332,7 @@ fn chunked_prompt_matches_one_step() {
             base: 0,
             slot: 2,
             snapshot: None,
+            continues: false,
         }],
     );
     let d = max_diff(&rows[9], &whole[19]);
@@ -350,6 +369,7 @@ fn a_snapshot_keeps_the_state_of_a_row_inside_the_chunk() {
                 base: 0,
                 slot: 2,
                 snapshot: snap(5, 6),
+                continues: false,
             },
             Part {
                 tokens: &other,
@@ -357,6 +377,7 @@ fn a_snapshot_keeps_the_state_of_a_row_inside_the_chunk() {
                 base: 64,
                 slot: 3,
                 snapshot: snap(6, 3),
+                continues: false,
             },
         ],
     );
@@ -371,6 +392,7 @@ fn a_snapshot_keeps_the_state_of_a_row_inside_the_chunk() {
                 base: 0,
                 slot: 1,
                 snapshot: None,
+                continues: false,
             }],
         );
         let (want, got) = (floats(&alone, 1), floats(&kv, slot));
@@ -381,6 +403,74 @@ fn a_snapshot_keeps_the_state_of_a_row_inside_the_chunk() {
     }
     // The final states are the chunks' own, not the snapshots.
     assert!(max_diff(&floats(&kv, 2), &floats(&kv, 5)) > 1e-3);
+}
+
+/// A sequence's rows as one-row spans that continue each other (how the engine
+/// verifies drafts) compute bit for bit what decoding them one step at a time
+/// computes: each row attends alone, and the state walks through the rows in
+/// order; each span's snapshot keeps the state after its row, and the last leaves
+/// the final state in the sequence's slot. Batched beside a plain prompt chunk,
+/// with batch-invariant numbers (as the engine verifies drafts).
+#[test]
+fn continuing_spans_compute_what_one_row_steps_compute() {
+    let model = load(tiny(|_| {}, None)).expect("load");
+    let floats = |kv: &KvStore, slot: usize| -> Vec<f32> {
+        kv.read_cells(1, slot, 1)
+            .unwrap()
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    fn one(tokens: &[u32], start: usize) -> Part<'_> {
+        Part {
+            tokens,
+            start,
+            base: 0,
+            slot: 2,
+            snapshot: None,
+            continues: false,
+        }
+    }
+    // The prompt's first 15 tokens in one step, then 5 one-row steps.
+    let (head, rows) = (15, 5);
+    let steps = new_kv(&model);
+    step_with(&model, &steps, &[one(&PROMPT[..head], 0)], true);
+    let mut want = Vec::new();
+    let mut want_states = Vec::new();
+    for at in head..head + rows {
+        want.push(step_with(&model, &steps, &[one(&PROMPT[at..at + 1], at)], true).remove(0));
+        want_states.push(floats(&steps, 2));
+    }
+    // The same prompt head, then the 5 rows as continuing spans in one step, after
+    // another sequence's chunk.
+    let kv = new_kv(&model);
+    step_with(&model, &kv, &[one(&PROMPT[..head], 0)], true);
+    let other: Vec<u32> = PROMPT.iter().map(|t| (t * 5 + 1) % VOCAB as u32).collect();
+    let mut parts = vec![Part {
+        tokens: &other[..9],
+        start: 0,
+        base: 64,
+        slot: 3,
+        snapshot: None,
+        continues: false,
+    }];
+    for (j, at) in (head..head + rows).enumerate() {
+        parts.push(Part {
+            snapshot: (j + 1 < rows).then_some(StateSnapshot {
+                slot: 4 + j as u32,
+                back: 0,
+            }),
+            continues: j > 0,
+            ..one(&PROMPT[at..at + 1], at)
+        });
+    }
+    let got = step_with(&model, &kv, &parts, true);
+    for j in 0..rows {
+        assert_eq!(got[9 + j], want[j], "row {j} of the continuing spans");
+        let state = if j + 1 < rows { 4 + j } else { 2 };
+        assert_eq!(floats(&kv, state), want_states[j], "state after row {j}");
+    }
+    assert!(max_diff(&want_states[0], &want_states[rows - 1]) > 1e-3);
 }
 
 /// Sequences in one step (a prompt chunk, a decode row, another chunk) each read
@@ -400,6 +490,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 64 * slot,
                 slot,
                 snapshot: None,
+                continues: false,
             }],
         )
     };
@@ -415,6 +506,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 0,
                 slot: 0,
                 snapshot: None,
+                continues: false,
             },
             Part {
                 tokens: b,
@@ -422,6 +514,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 64,
                 slot: 1,
                 snapshot: None,
+                continues: false,
             },
             Part {
                 tokens: c,
@@ -429,6 +522,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 192,
                 slot: 3,
                 snapshot: None,
+                continues: false,
             },
         ],
     );
@@ -453,6 +547,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 0,
                 slot: 0,
                 snapshot: None,
+                continues: false,
             },
             Part {
                 tokens: &[12],
@@ -460,6 +555,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 64,
                 slot: 1,
                 snapshot: None,
+                continues: false,
             },
             Part {
                 tokens: &[13],
@@ -467,6 +563,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 192,
                 slot: 3,
                 snapshot: None,
+                continues: false,
             },
         ],
     );
@@ -481,6 +578,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 64 * slot,
                 slot,
                 snapshot: None,
+                continues: false,
             }],
         );
         step(
@@ -492,6 +590,7 @@ fn batched_sequences_keep_their_own_states() {
                 base: 64 * slot,
                 slot,
                 snapshot: None,
+                continues: false,
             }],
         )
     };
@@ -542,6 +641,7 @@ fn mtp_blocks_load_and_leave_the_trunk_alone() {
                 base: 0,
                 slot: 0,
                 snapshot: None,
+                continues: false,
             }],
         )
     };

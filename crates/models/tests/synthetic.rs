@@ -142,6 +142,7 @@ fn prompt_batch(seqs: &[&[u32]], windows: &[Vec<CellRun>]) -> StepBatch {
             }],
             tiled_prompt: false,
             state_snapshot: None,
+            continues: false,
         });
     }
     b.output_rows = (0..b.tokens.len() as i32).collect();
@@ -294,6 +295,7 @@ fn decode_step(
             }],
             tiled_prompt: false,
             state_snapshot: None,
+            continues: false,
         });
     }
     b.output_rows = (0..rows.len() as i32).collect();

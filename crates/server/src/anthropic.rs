@@ -395,6 +395,7 @@ pub async fn messages(
         top_logprobs: 0,
         grammar: None,
         no_speculation: crate::openai::boolean(&v, "speculation", F)? == Some(false),
+        prediction: None,
     };
     let stream = v["stream"].as_bool().unwrap_or(false);
     let model = v["model"]

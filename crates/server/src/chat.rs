@@ -48,6 +48,9 @@ pub struct GenParams {
     /// The request opted out of speculative decoding (`"speculation": false`, a
     /// Tempo9 extension; Ollama: in `options`).
     pub no_speculation: bool,
+    /// OpenAI's predicted output (`prediction.content`): text the answer is
+    /// expected to largely repeat; with speculative decoding on, drafts come from it.
+    pub prediction: Option<String>,
 }
 
 /// Where the prompt comes from.
@@ -86,6 +89,8 @@ pub struct Prepared {
     pub params: GenParams,
     /// The most tokens that will be generated.
     pub max_tokens: usize,
+    /// [`GenParams::prediction`] as plain-text tokens.
+    pub prediction: Vec<u32>,
     /// The compiled grammar, when one was asked for (or built for tool calls).
     pub constraint: Option<tempo9_grammar::Constraint>,
     /// The tool-call syntax of this response (the model's, or Hermes when the
@@ -438,6 +443,10 @@ impl AppState {
                 Some(c)
             }
         };
+        // Plain text: a prediction cannot smuggle in control tokens.
+        let prediction = params.prediction.as_deref().map_or_else(Vec::new, |t| {
+            self.engine.tokenizer().encode(t, false, false)
+        });
         Ok(Prepared {
             tokens,
             forced_prefix,
@@ -445,6 +454,7 @@ impl AppState {
             tools,
             params,
             max_tokens,
+            prediction,
             constraint,
             format,
             reasoning,
@@ -601,6 +611,7 @@ impl AppState {
         req.logprobs = p.params.logprobs;
         req.top_logprobs = p.params.top_logprobs;
         req.speculation = !p.params.no_speculation;
+        req.prediction = p.prediction;
         if let Some(c) = p.constraint {
             req.constraint = Some(Box::new(c));
         }

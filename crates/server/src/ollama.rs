@@ -72,6 +72,7 @@ fn params_of(v: &Value) -> Result<GenParams, ApiError> {
         top_logprobs: 0,
         grammar: format_grammar(v)?,
         no_speculation: crate::openai::boolean(&opts, "speculation", F)? == Some(false),
+        prediction: None,
     })
 }
 

@@ -92,6 +92,37 @@ pub fn string<'a>(v: &'a Value, key: &str, family: Family) -> Result<Option<&'a 
     }
 }
 
+/// OpenAI's predicted output: `{"type": "content", "content": TEXT}`, the content a
+/// string or an array of `{"type": "text", "text": …}` parts (joined).
+fn prediction(v: &Value, family: Family) -> Result<Option<String>, ApiError> {
+    let p = match v.get("prediction") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(p) => p,
+    };
+    let bad = |msg: &str| Err(ApiError::bad_param(family, "prediction", msg));
+    if p["type"].as_str() != Some("content") {
+        return bad("prediction.type must be \"content\"");
+    }
+    match &p["content"] {
+        Value::String(s) => Ok(Some(s.clone())),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part["type"].as_str(), part["text"].as_str()) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return bad(
+                            "prediction.content parts must be {\"type\": \"text\", \"text\": …}",
+                        )
+                    }
+                }
+            }
+            Ok(Some(text))
+        }
+        _ => bad("prediction.content must be a string or an array of text parts"),
+    }
+}
+
 /// Stop strings: a string or an array of strings.
 pub fn stop_strings(v: &Value, key: &str, family: Family) -> Result<Vec<String>, ApiError> {
     let err = || {
@@ -388,6 +419,7 @@ pub async fn chat_completions(
         top_logprobs,
         grammar,
         no_speculation: boolean(&v, "speculation", F)? == Some(false),
+        prediction: prediction(&v, F)?,
     };
     let model = st.config.model_name.clone();
     let prompt = Prompt::Chat {
@@ -600,6 +632,7 @@ pub async fn completions(
         top_logprobs: top.unwrap_or(0),
         grammar: response_format(&v, F)?,
         no_speculation: boolean(&v, "speculation", F)? == Some(false),
+        prediction: prediction(&v, F)?,
     };
     let model = st.config.model_name.clone();
     let (prepared, slot) = st
@@ -765,6 +798,24 @@ mod tests {
             ToolChoice::Named("f".into())
         );
         assert!(tool_choice(&json!({"tool_choice": "sometimes"}), F).is_err());
+    }
+
+    #[test]
+    fn parses_predicted_outputs() {
+        assert_eq!(prediction(&json!({}), F).unwrap(), None);
+        let p = json!({"prediction": {"type": "content", "content": "fn main() {}"}});
+        assert_eq!(prediction(&p, F).unwrap().as_deref(), Some("fn main() {}"));
+        let parts = json!({"prediction": {"type": "content", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}});
+        assert_eq!(prediction(&parts, F).unwrap().as_deref(), Some("ab"));
+        for bad in [
+            json!({"prediction": "text"}),
+            json!({"prediction": {"type": "image", "content": "x"}}),
+            json!({"prediction": {"type": "content", "content": 3}}),
+            json!({"prediction": {"type": "content", "content": [{"type": "image"}]}}),
+        ] {
+            assert!(prediction(&bad, F).is_err(), "{bad}");
+        }
     }
 
     #[test]

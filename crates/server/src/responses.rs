@@ -297,6 +297,7 @@ pub async fn create(
         top_logprobs: 0,
         grammar,
         no_speculation: boolean(&v, "speculation", F)? == Some(false),
+        prediction: None,
     };
     let model = st.config.model_name.clone();
     // `reasoning.effort` as the chat API's `reasoning_effort` (as llama-server maps it).

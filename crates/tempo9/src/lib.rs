@@ -105,6 +105,7 @@ impl Model {
             top_logprobs: 0,
             grammar,
             no_speculation: !options.speculation,
+            prediction: None,
         };
         let prompt = Prompt::Chat {
             messages,

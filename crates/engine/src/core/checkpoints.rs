@@ -227,16 +227,18 @@ impl EngineCore {
         for w in work {
             let i = self.running_index(w.id).expect("planned requests run");
             let s = &mut self.running[i];
-            let answer = self.config.answer_state_checkpoints
-                && w.end > s.n_prompt
-                && w.end.is_multiple_of(ps);
+            // Where its state now is: the piece's end, or after verifying drafts the
+            // last valid row (a page end inside the rows it accepted is not checkpointed).
+            let end = s.n_computed;
+            let answer =
+                self.config.answer_state_checkpoints && end > s.n_prompt && end.is_multiple_of(ps);
             // Positions a hit or a load from the SSD tier went past are dropped.
-            let target = s.state_targets.contains(&w.end);
-            s.state_targets.retain(|&t| t > w.end);
+            let target = s.state_targets.contains(&end);
+            s.state_targets.retain(|&t| t > end);
             if !answer && !target {
                 continue;
             }
-            let Some((copy, hash)) = self.cache.take_checkpoint(s.id, &s.tokens[..w.end]) else {
+            let Some((copy, hash)) = self.cache.take_checkpoint(s.id, &s.tokens[..end]) else {
                 continue;
             };
             if answer {
@@ -245,7 +247,7 @@ impl EngineCore {
                     self.cache.drop_checkpoint(old);
                 }
             }
-            tracing::debug!(id = s.id, at = w.end, answer, "state checkpoint taken");
+            tracing::debug!(id = s.id, at = end, answer, "state checkpoint taken");
             copies.push((copy, hash));
         }
         let copies = self.keep_taken_checkpoints(copies, |(c, hash)| (*hash, c.to));

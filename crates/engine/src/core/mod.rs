@@ -20,6 +20,7 @@
 mod admission;
 mod checkpoints;
 mod draft;
+mod mtp;
 mod output;
 mod runner;
 mod state_tier;
@@ -43,7 +44,7 @@ use crate::request::{
 use crate::sampler::Sampler;
 use crate::scheduler::{self, itl_budget, Policy, Progress, Rank, CHUNK_ALIGN, KV_WINDOW_PAD};
 use crate::sliding::{SlidingPages, SlidingStats};
-use crate::spec::{propose_ngram, Depth, SpecConfig, SpecMode, MAX_DRAFT};
+use crate::spec::{propose_ngram, propose_predicted, Depth, SpecConfig, SpecMode, MAX_DRAFT};
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 use crate::stream::{RequestStream, Ticket};
@@ -51,6 +52,7 @@ use runner::MaskBuffers;
 
 pub use draft::DraftModel;
 use draft::{DraftJob, Drafter};
+use mtp::{MtpDrafter, MtpJob};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -128,8 +130,11 @@ pub struct EngineConfig {
     /// answer is recomputed once, as part of the next prompt, and checkpointed
     /// there exactly.
     pub answer_state_checkpoints: bool,
-    /// Speculative decoding (see [`crate::spec`]); `None`: off. Not for hybrid
-    /// models, whose recurrent state cannot yet be rolled back past rejected drafts.
+    /// Speculative decoding (see [`crate::spec`]); `None`: off. On a hybrid model
+    /// each request verifying drafts also holds `k` scratch state slots for a step
+    /// (the state after each of its rows, so rejected drafts can be rolled back):
+    /// they come out of the KV budget, and at most as many requests draft at once
+    /// as have them.
     pub speculation: Option<SpecConfig>,
     /// The draft model of [`SpecMode::Draft`] (same vocabulary as the model). Its KV
     /// takes a share of `kv_budget_bytes`: as many tokens as the model's pages hold.
@@ -421,10 +426,18 @@ impl Limits {
         if r.prompt.is_empty() {
             return Err(SubmitError::BadRequest("empty prompt".into()));
         }
-        if let Some(&t) = r.prompt.iter().find(|&&t| t as usize >= self.n_vocab) {
+        let mut ids = r.prompt.iter().chain(&r.prediction);
+        if let Some(&t) = ids.find(|&&t| t as usize >= self.n_vocab) {
             return Err(SubmitError::BadRequest(format!(
                 "token {t} outside the vocabulary of {}",
                 self.n_vocab
+            )));
+        }
+        if r.prediction.len() > self.max_context {
+            return Err(SubmitError::BadRequest(format!(
+                "predicted output of {} tokens exceeds the context limit of {} tokens",
+                r.prediction.len(),
+                self.max_context
             )));
         }
         let limit = self.max_context.min(self.pool_tokens);
@@ -485,6 +498,8 @@ struct Live {
     spec: Option<Depth>,
     /// Draft tokens proposed for this step (verified after it, then cleared).
     draft: Vec<u32>,
+    /// The request's predicted output ([`Request::prediction`]).
+    prediction: Vec<u32>,
 }
 
 impl Live {
@@ -584,6 +599,37 @@ pub struct EngineCore {
     mask_buffers: MaskBuffers,
     /// The draft model's runner ([`SpecMode::Draft`]).
     drafter: Option<Drafter>,
+    /// The MTP head's runner ([`SpecMode::Mtp`]).
+    mtp: Option<MtpDrafter>,
+    /// The last step's hidden states of the rows the MTP head takes
+    /// ([`tempo9_models::StepBatch::hidden_rows`]).
+    step_hidden: Vec<f32>,
+    /// A hybrid model's speculation scratch: state slots from this one on, `k` per
+    /// request verifying drafts in a step (see [`EngineConfig::speculation`]).
+    spec_states: SpecStates,
+}
+
+/// Scratch state slots of a hybrid model's speculative decoding: the recurrent
+/// group's slots `first..first + k * streams`, past those [`RecurrentStates`]
+/// manages. A step's `i`-th verifying request writes the state after each of its
+/// rows but the last into slots `first + i * k ..`; after sampling, a request that
+/// rejected drafts copies the state after its last valid row back into its own
+/// slot.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SpecStates {
+    first: u32,
+    k: usize,
+    /// Requests that may verify drafts in one step (0: no speculation).
+    streams: usize,
+}
+
+impl SpecStates {
+    /// The scratch slot holding the state after row `row` (0-based) of the `i`-th
+    /// verifying request of a step.
+    pub(super) fn slot(&self, i: usize, row: usize) -> u32 {
+        debug_assert!(i < self.streams && row < self.k);
+        self.first + (i * self.k + row) as u32
+    }
 }
 
 impl EngineCore {
@@ -662,6 +708,22 @@ impl EngineCore {
                     "speculation mode `draft` needs a draft model (--draft-gguf)".into(),
                 ))
             }
+            (
+                Some(SpecConfig {
+                    mode: SpecMode::Mtp,
+                    ..
+                }),
+                _,
+            ) => {
+                if !model.has_mtp() {
+                    return Err(EngineError::Config(
+                        "speculation mode `mtp` needs a model with an MTP head (a Qwen3.5 file with nextn layers)".into(),
+                    ));
+                }
+                let (t, dt) = (cell_bytes(&groups[0]), model.mtp_token_bytes());
+                let share = (budget as u128 * dt as u128 / (t + dt) as u128) as usize;
+                (budget - share, share / dt)
+            }
             _ => (budget, 0),
         };
         // Each running request of a hybrid model holds a state slot. Where the budget
@@ -684,14 +746,39 @@ impl EngineCore {
                 config.max_running = fit;
             }
         }
-        let live_bytes = slot_bytes.map_or(0, |b| config.max_running * b);
+        // Speculation on a hybrid model: `k` scratch slots per request verifying
+        // drafts, for as many requests as may speculate at once, within a quarter of
+        // the budget.
+        let spec_streams = match (slot_bytes, &config.speculation) {
+            (Some(b), Some(cfg)) => {
+                let want = config.max_running.min(cfg.max_batch);
+                let fit = budget / 4 / (cfg.k.max(1) * b);
+                if fit < want {
+                    tracing::warn!(
+                        streams = fit,
+                        asked = want,
+                        state_mib = b >> 20,
+                        "fewer requests verify drafts at once: their scratch states would take over a quarter of the KV budget (--kv-budget, --speculation-k)"
+                    );
+                }
+                fit.min(want)
+            }
+            _ => 0,
+        };
+        let spec_slots = spec_streams * config.speculation.map_or(0, |c| c.k);
+        let live_bytes = slot_bytes.map_or(0, |b| (config.max_running + spec_slots) * b);
         let page_budget = budget - live_bytes;
         let (page_budget, n_checkpoints) = match slot_bytes {
             Some(b) => split_state_budget(page_budget, page_bytes, b, &config),
             None => (page_budget, 0),
         };
         let recurrent = slot_bytes.map(|b| (config.max_running + n_checkpoints, b));
-        let state_bytes = recurrent.map_or(0, |(n, b)| n * b);
+        let state_bytes = recurrent.map_or(0, |(n, b)| (n + spec_slots) * b);
+        let spec_states = SpecStates {
+            first: recurrent.map_or(0, |(n, _)| n as u32),
+            k: config.speculation.map_or(0, |c| c.k),
+            streams: spec_streams,
+        };
         let (n_pages, n_sliding) = split_budget(page_budget, page_bytes, sliding, &config);
         if n_pages * ps < KV_WINDOW_PAD {
             return Err(EngineError::Config(format!(
@@ -712,12 +799,27 @@ impl EngineCore {
             }
             _ => None,
         };
+        let mtp = match config.speculation {
+            Some(SpecConfig {
+                mode: SpecMode::Mtp,
+                ..
+            }) if draft_tokens > 0 => {
+                let m = MtpDrafter::new(&model, config.threads, draft_tokens, ps)?;
+                tracing::info!(
+                    tokens = draft_tokens,
+                    kv_mib = (draft_tokens * model.mtp_token_bytes()) >> 20,
+                    "MTP head KV reserved"
+                );
+                Some(m)
+            }
+            _ => None,
+        };
         let cells: Vec<usize> = groups
             .iter()
             .map(|g| match g.kind {
                 GroupKind::Full => n_pages * ps,
                 GroupKind::Sliding { .. } => n_sliding * ps,
-                GroupKind::Recurrent => recurrent.map_or(0, |(n, _)| n),
+                GroupKind::Recurrent => recurrent.map_or(0, |(n, _)| n + spec_slots),
             })
             .collect();
         let kv = model.new_kv(&groups, &cells)?;
@@ -726,6 +828,7 @@ impl EngineCore {
             n_pages,
             n_sliding_pages = n_sliding,
             n_state_slots = recurrent.map_or(0, |(n, _)| n),
+            spec_state_slots = spec_slots,
             page_tokens = ps,
             kv_mib = (n_pages * page_bytes + n_sliding * sliding_page_bytes + state_bytes) >> 20,
             max_context,
@@ -785,6 +888,9 @@ impl EngineCore {
             epoch: std::time::Instant::now(),
             mask_buffers: MaskBuffers::default(),
             drafter,
+            mtp,
+            step_hidden: Vec::new(),
+            spec_states,
         })
     }
 
@@ -948,9 +1054,13 @@ impl EngineCore {
             spec: self
                 .config
                 .speculation
-                .filter(|_| r.speculation && self.recurrent_group().is_none())
+                .filter(|_| {
+                    r.speculation
+                        && (self.recurrent_group().is_none() || self.spec_states.streams > 0)
+                })
                 .map(|c| Depth::new(c.k.clamp(1, MAX_DRAFT))),
             draft: Vec::new(),
+            prediction: r.prediction,
         };
         if r.max_tokens == 0 {
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -989,6 +1099,7 @@ impl EngineCore {
         self.ssd_finish_loads(false);
         let only_prefix_waiters = self.admit();
         self.propose_drafts();
+        self.trace_drafts();
         let work = self.schedule(only_prefix_waiters);
         let work = &work[..];
         self.ssd_save_evicted();
@@ -1140,6 +1251,11 @@ impl EngineCore {
             .count();
         // Requests drafting with the draft model, and how many tokens each.
         let mut wanted: Vec<(RequestId, usize)> = Vec::new();
+        // A hybrid model: as many requests draft as have scratch state slots.
+        let mut streams = match self.recurrent_group() {
+            Some(_) => self.spec_states.streams,
+            None => usize::MAX,
+        };
         for s in &mut self.running {
             s.draft.clear();
             let Some(depth) = s.spec else {
@@ -1149,19 +1265,34 @@ impl EngineCore {
             if decoding > cfg.max_batch
                 || s.n_computed < s.n_prompt
                 || s.n_computed + 1 != s.tokens.len()
+                || streams == 0
             {
                 continue;
             }
             // The token this step samples, then at most the drafts that could follow.
             let left = s.max_tokens.saturating_sub(s.usage.completion_tokens + 1);
             let k = depth.now.min(left);
+            if k > 0 && !s.prediction.is_empty() {
+                s.draft = propose_predicted(&s.tokens[s.n_prompt..], &s.prediction, k);
+            }
             match cfg.mode {
+                _ if !s.draft.is_empty() => {}
                 SpecMode::Ngram => s.draft = propose_ngram(&s.tokens, k),
-                SpecMode::Draft if k > 0 => wanted.push((s.id, k)),
-                SpecMode::Draft => {}
+                SpecMode::Draft | SpecMode::Mtp if k > 0 => wanted.push((s.id, k)),
+                SpecMode::Draft | SpecMode::Mtp => {}
+            }
+            if !s.draft.is_empty() || wanted.last().is_some_and(|w| w.0 == s.id) {
+                streams -= 1;
             }
         }
-        let Some(drafter) = self.drafter.as_mut().filter(|_| !wanted.is_empty()) else {
+        if wanted.is_empty() {
+            return;
+        }
+        if cfg.mode == SpecMode::Mtp {
+            self.propose_mtp(wanted);
+            return;
+        }
+        let Some(drafter) = self.drafter.as_mut() else {
             return;
         };
         // All requests' drafts come from the same forward passes of the draft model.
@@ -1191,6 +1322,63 @@ impl EngineCore {
                 }
             }
         }
+    }
+
+    /// Logs each request's drafts for this step (target `tempo9_engine::drafts`, at
+    /// trace level): `n_tokens` counts the tokens before `last`, which the drafts
+    /// follow.
+    fn trace_drafts(&self) {
+        if !tracing::enabled!(target: "tempo9_engine::drafts", tracing::Level::TRACE) {
+            return;
+        }
+        for s in self.running.iter().filter(|s| !s.draft.is_empty()) {
+            tracing::trace!(
+                target: "tempo9_engine::drafts",
+                id = s.id,
+                n_tokens = s.tokens.len() - 1,
+                last = s.tokens[s.tokens.len() - 1],
+                drafts = ?s.draft,
+                "drafts proposed"
+            );
+        }
+    }
+
+    /// Drafts of the MTP head for `wanted` (request, drafts wanted).
+    fn propose_mtp(&mut self, wanted: Vec<(RequestId, usize)>) {
+        let Some(mtp) = self.mtp.as_mut() else {
+            return;
+        };
+        let running = &self.running;
+        let jobs: Vec<MtpJob<'_>> = wanted
+            .iter()
+            .map(|&(id, k)| MtpJob {
+                id,
+                tokens: &running[running.iter().position(|s| s.id == id).expect("running")].tokens,
+                k,
+            })
+            .collect();
+        match mtp.propose(&jobs) {
+            Ok(drafts) => {
+                drop(jobs);
+                for ((id, _), d) in wanted.into_iter().zip(drafts) {
+                    if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+                        s.draft = d;
+                    }
+                }
+            }
+            Err(e) => {
+                // Their head KV may be half written: start them afresh next time.
+                tracing::warn!(error = %e, "MTP head step failed: no drafts this step");
+                for (id, _) in wanted {
+                    mtp.free(id);
+                }
+            }
+        }
+    }
+
+    /// Whether request `s`'s rows in a step hand their hidden states to the MTP head.
+    fn feeds_mtp(&self, s: &Live) -> bool {
+        self.mtp.is_some() && s.spec.is_some()
     }
 
     /// Recent compute cost per prompt token in microseconds (1 ms until measured),
@@ -1237,6 +1425,9 @@ impl EngineCore {
     fn end(&mut self, s: Live, reason: FinishReason) {
         if let Some(d) = self.drafter.as_mut() {
             d.free(s.id);
+        }
+        if let Some(m) = self.mtp.as_mut() {
+            m.free(s.id);
         }
         if self.cache.contains(s.id) {
             let ps = self.cache.page_size();

@@ -120,6 +120,8 @@ impl EngineCore {
             kv_slots: vec![Vec::new(); self.groups.len()],
             ..StepBatch::default()
         };
+        // Requests verifying drafts on a hybrid model so far (their scratch slots).
+        let mut verifying = 0;
         for w in work {
             let s = &self.running[self.running_index(w.id).expect("planned requests run")];
             b.batch_invariant |= self.config.deterministic || s.deterministic;
@@ -137,7 +139,21 @@ impl EngineCore {
                 vec![(w.start, w.end)]
             };
             let state_slot = self.cache.state_slot(w.id);
-            for (start, end) in pieces {
+            // On a hybrid model, a verifying request's rows carry one state through
+            // (continuing spans), and the state after each row but the last goes to
+            // a scratch slot, for rolling back rejected drafts.
+            let scratch = (w.end > n_known && state_slot.is_some()).then(|| {
+                verifying += 1;
+                verifying - 1
+            });
+            let n_pieces = pieces.len();
+            // The MTP head drafts from the hidden states of every row it computes.
+            if self.feeds_mtp(s) {
+                let first = b.tokens.len() as i32;
+                b.hidden_rows
+                    .extend(first..first + (w.end - w.start) as i32);
+            }
+            for (j, (start, end)) in pieces.into_iter().enumerate() {
                 let row_start = b.tokens.len();
                 let full = &table[..end.div_ceil(ps)];
                 let mut views = vec![view(
@@ -199,12 +215,20 @@ impl EngineCore {
                     n_rows: end - start,
                     views,
                     tiled_prompt: s.n_prompt >= CHUNK_ALIGN && start < s.n_prompt,
-                    state_snapshot: snapshots.iter().find(|x| x.id == w.id).map(|x| {
-                        StateSnapshot {
-                            slot: x.slot,
-                            back: x.back,
-                        }
-                    }),
+                    state_snapshot: match scratch {
+                        Some(i) => (j + 1 < n_pieces).then(|| StateSnapshot {
+                            slot: self.spec_states.slot(i, j),
+                            back: 0,
+                        }),
+                        None => snapshots
+                            .iter()
+                            .find(|x| x.id == w.id)
+                            .map(|x| StateSnapshot {
+                                slot: x.slot,
+                                back: x.back,
+                            }),
+                    },
+                    continues: scratch.is_some() && j > 0,
                 });
             }
         }
@@ -232,42 +256,41 @@ impl EngineCore {
             .map(|w| w.id)
             .collect();
         // On a GPU, greedy picks made there save downloading the logits.
-        if self.model.greedy_on_device()
+        let greedy = self.model.greedy_on_device()
             && self
                 .running
                 .iter()
-                .all(|s| s.plain_greedy() || !sampling.contains(&s.id))
-        {
-            return self
-                .model
-                .forward_step(&mut self.exec, &self.kv, batch, true);
-        }
+                .all(|s| s.plain_greedy() || !sampling.contains(&s.id));
         let EngineCore {
             model,
             exec,
             kv,
             running,
+            step_hidden,
             ..
         } = self;
         let constrained: Vec<&mut Live> = running
             .iter_mut()
-            .filter(|s| s.constraint.is_some() && sampling.contains(&s.id))
+            .filter(|s| s.constraint.is_some() && sampling.contains(&s.id) && !greedy)
             .collect();
-        if constrained.is_empty() {
-            return model.forward(exec, kv, batch).map(StepOutput::Logits);
-        }
-        std::thread::scope(|sc| {
-            let masks = sc.spawn(move || {
-                for s in constrained {
-                    let left = s.max_tokens.saturating_sub(s.usage.completion_tokens);
-                    let c = s.constraint.as_mut().expect("filtered");
-                    s.mask = Some(c.compute_mask_within(left));
-                }
-            });
-            let logits = model.forward(exec, kv, batch);
-            masks.join().expect("mask worker panicked");
-            logits.map(StepOutput::Logits)
-        })
+        let (out, hidden) = if constrained.is_empty() {
+            model.forward_hidden(exec, kv, batch, greedy)?
+        } else {
+            std::thread::scope(|sc| {
+                let masks = sc.spawn(move || {
+                    for s in constrained {
+                        let left = s.max_tokens.saturating_sub(s.usage.completion_tokens);
+                        let c = s.constraint.as_mut().expect("filtered");
+                        s.mask = Some(c.compute_mask_within(left));
+                    }
+                });
+                let out = model.forward_hidden(exec, kv, batch, greedy);
+                masks.join().expect("mask worker panicked");
+                out
+            })?
+        };
+        *step_hidden = hidden;
+        Ok(out)
     }
 
     /// Sets up the state slots of sequences started since the last step: zeros for
@@ -294,6 +317,13 @@ impl EngineCore {
         // Output rows follow the batch order.
         let mut row = 0;
         let mut finished: Vec<(RequestId, FinishReason)> = Vec::new();
+        // Requests verifying drafts on a hybrid model so far, as in `assemble`.
+        let mut verifying = 0;
+        let recurrent = self.recurrent_group();
+        // Where the next request's hidden states begin in `step_hidden`.
+        let mut hidden_at = 0;
+        let n_embd = self.model.hparams().n_embd;
+        let hidden = std::mem::take(&mut self.step_hidden);
         for w in work {
             let i = self.running_index(w.id).expect("planned requests run");
             let s = &mut self.running[i];
@@ -319,8 +349,29 @@ impl EngineCore {
                     .truncate(s.id, s.n_computed)
                     .expect("cells were appended");
                 ended = v.finish;
+                // A hybrid model's state goes back to after the last valid row.
+                if let (Some(g), Some(slot)) = (recurrent, self.cache.state_slot(s.id)) {
+                    let i = verifying;
+                    verifying += 1;
+                    if v.valid_rows <= drafted {
+                        let from = self.spec_states.slot(i, v.valid_rows - 1);
+                        if let Err(e) = self.kv.copy_cells(g, from as usize, slot as usize, 1) {
+                            tracing::error!(error = %e, "rolling back a recurrent state failed");
+                            ended = Some(FinishReason::Error(e.to_string()));
+                        }
+                    }
+                }
             } else {
                 s.n_computed = w.end;
+            }
+            if self.mtp.is_some() && s.spec.is_some() {
+                // The MTP head takes the hidden states of the rows that stay.
+                let valid = s.n_computed - w.start;
+                let rows = &hidden[hidden_at..hidden_at + valid * n_embd];
+                hidden_at += (w.end - w.start) * n_embd;
+                if let Some(m) = self.mtp.as_mut() {
+                    m.feed(s.id, w.start, rows);
+                }
             }
             // A hybrid model reuses a prefix only where its state was checkpointed:
             // without answer checkpoints, pages an answer filled would only shadow

@@ -2,8 +2,9 @@
 //! of gated-DeltaNet linear-attention layers, which carry a recurrent state
 //! ([`crate::deltanet`]), and every n-th layer gated full attention: the query
 //! projection also yields a per-channel output gate, Q and K get per-head RMSNorm,
-//! and multi-section rope turns only the first quarter of each head. MTP
-//! ("nextn") blocks at the end of the file are loaded but not part of this graph.
+//! and multi-section rope turns only the first quarter of each head. An MTP
+//! ("nextn") block at the end of the file is its own graph ([`Qwen35::build_mtp`]),
+//! the draft head of speculative decoding.
 
 use tempo9_ggml::Tensor;
 use tempo9_gguf::GgufFile;
@@ -45,11 +46,10 @@ impl GatedAttn {
     }
 }
 
-/// A multi-token-prediction ("nextn") block: loaded and checked with the model,
-/// not part of its graph. Speculative decoding runs it as a draft: the embedding
-/// of the next token and the trunk's last hidden state, each normed, projected
-/// together, then one gated-attention block.
-#[allow(dead_code)] // The draft graph comes with speculative decoding.
+/// A multi-token-prediction ("nextn") block, which speculative decoding runs as a
+/// draft: the embedding of the next token and the hidden state of the position
+/// before it, each normed, projected together, then one gated-attention block with
+/// the model's feed-forward kind, and a final norm before the shared output head.
 struct MtpBlock {
     /// `[2 * n_embd, n_embd]` over (embedding ; hidden state).
     eh_proj: WeightId,
@@ -102,8 +102,8 @@ struct Layer {
 pub(crate) struct Qwen35 {
     emb: Embeddings,
     layers: Vec<Layer>,
-    /// The file's MTP blocks (`nextn_predict_layers`), after the trunk's.
-    #[allow(dead_code)] // The draft graph comes with speculative decoding.
+    /// The file's MTP blocks (`nextn_predict_layers`), after the trunk's; the
+    /// first drafts.
     mtp: Vec<MtpBlock>,
 }
 
@@ -150,9 +150,34 @@ impl Qwen35 {
             x = b.ctx.add(f, r);
         }
         // Rows are picked after the final norm, as llama.cpp does for this model
-        // (the last layer's matmuls then see the same rows as its).
-        let x = b.select_outputs(b.rms_norm(x, self.emb.output_norm));
+        // (the last layer's matmuls then see the same rows as its); the normed
+        // rows are also the MTP head's input.
+        let x = b.rms_norm(x, self.emb.output_norm);
+        b.hidden = Some(x);
+        let x = b.select_outputs(x);
         b.linear(self.emb.output, x, None)
+    }
+
+    /// Builds the MTP head's graph (layer 0 of its own KV store; the hidden-state
+    /// input in `b.inp.h_in`); returns logits `[n_vocab, n_outputs]` and leaves the
+    /// head's normed output in `b.hidden` for the next draft.
+    pub fn build_mtp<'a>(&self, b: &mut Builder<'a>) -> Result<Tensor<'a>, crate::ModelError> {
+        let (Some(m), Some(h_in)) = (self.mtp.first(), b.inp.h_in) else {
+            return Err(crate::ModelError::BadBatch(
+                "an MTP step without an MTP block or hidden states".into(),
+            ));
+        };
+        let e = b.rms_norm(b.embed(self.emb.tok_embd, None), m.enorm);
+        let h = b.rms_norm(h_in, m.hnorm);
+        let x = b.linear(m.eh_proj, b.ctx.concat(e, h, 0), None);
+        let a = gated_attention(b, 0, &m.attn, b.rms_norm(x, m.attn_norm));
+        let r = b.ctx.add(a, x);
+        let f = m.ffn.build(b, b.rms_norm(r, m.post_norm));
+        let y = b.ctx.add(f, r);
+        let y = b.rms_norm(y, m.shared_head_norm.unwrap_or(self.emb.output_norm));
+        b.hidden = Some(y);
+        let y = b.select_outputs(y);
+        Ok(b.linear(self.emb.output, y, None))
     }
 }
 
