@@ -18,6 +18,7 @@ pub mod kv;
 mod layers;
 mod moe;
 mod step;
+pub mod vision;
 pub mod weights;
 
 use std::path::Path;
