@@ -7,19 +7,20 @@ use std::sync::Arc;
 
 use tempo9_gguf::GgufFile;
 use tempo9_models::vision::{
-    decode, DecodedImage, PixelHash, Projector, ProjectorType, VisionError,
+    decode, DecodedImage, PixelHash, Projector, ProjectorType, VisionEncoder, VisionError,
 };
 
 mod common;
 use common::Writer;
 
-/// ViT width, heads, feed-forward, blocks, patch side, LM width.
-const E: usize = 32;
+// ViT width, heads, feed-forward, blocks, patch side, LM width; the same in
+// scripts/fixtures/vision_fixtures.py, which writes this file byte for byte.
+const E: usize = 16;
 const HEADS: usize = 2;
-const FF: usize = 48;
+const FF: usize = 32;
 const LAYERS: usize = 3;
 const PATCH: usize = 4;
-const PROJ: usize = 24;
+const PROJ: usize = 16;
 /// Position-embedding grid side (image_size / patch).
 const GRID: usize = 6;
 const DEEPSTACK: [usize; 2] = [0, 2];
@@ -143,7 +144,7 @@ fn bad_files_and_mismatches_name_the_problem() {
         .check_language_model("qwen3vl", 64, 2)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("24-wide") && e.contains("64"), "{e}");
+    assert!(e.contains("16-wide") && e.contains("64"), "{e}");
     let e = p
         .check_language_model("qwen3", PROJ, 2)
         .unwrap_err()
@@ -186,4 +187,146 @@ fn preprocess_fits_the_patch_grid_and_normalises() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("cannot be decoded"), "{e}");
+}
+
+/// The test image of `w × h` (scripts/fixtures/vision_fixtures.py's `pixels`):
+/// gradients plus an LCG's noise.
+fn pixels(w: u32, h: u32) -> DecodedImage {
+    let mut rgb = Vec::with_capacity((w * h * 3) as usize);
+    let mut s = w.wrapping_mul(7919).wrapping_add(h.wrapping_mul(104729));
+    for y in 0..h {
+        for x in 0..w {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            let n = (s >> 24) % 64;
+            rgb.push(((x * 255 / (w - 1).max(1) + n) % 256) as u8);
+            rgb.push(((y * 255 / (h - 1).max(1) + 2 * n) % 256) as u8);
+            rgb.push((((x + y) * 9 + n) % 256) as u8);
+        }
+    }
+    DecodedImage::from_rgb(w, h, rgb).unwrap()
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn fixture_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3vl-tiny/vision")
+}
+
+/// Preprocessing against llama.cpp's `mtmd` (b11434) on six images of
+/// different sizes (upscaled with padding, unchanged, tall, wide, under the
+/// minimum, downscaled): the same resized size and bit-identical f32 values.
+#[test]
+fn preprocess_matches_llama_cpp_bit_for_bit() {
+    let bytes = tiny_mmproj(|_| {});
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("preprocess.json")).unwrap(),
+    )
+    .unwrap();
+    // The fixture was recorded on this very file.
+    assert_eq!(
+        fixture["mmproj_fnv1a64"],
+        format!("{:016x}", fnv1a64(&bytes))
+    );
+    let p = load(bytes).unwrap();
+    let images = fixture["images"].as_array().unwrap();
+    assert_eq!(images.len(), 6);
+    for im in images {
+        let (w, h) = (
+            im["width"].as_u64().unwrap() as u32,
+            im["height"].as_u64().unwrap() as u32,
+        );
+        let pre = p.preprocess(&pixels(w, h));
+        let want = [
+            im["resized"][0].as_u64().unwrap(),
+            im["resized"][1].as_u64().unwrap(),
+        ];
+        assert_eq!([pre.width as u64, pre.height as u64], want, "{w}x{h}");
+        // llama.cpp's clip_image_f32 is RGB-interleaved; ours is planar.
+        let n = pre.width * pre.height;
+        let interleaved: Vec<u8> = (0..n)
+            .flat_map(|i| (0..3).map(move |c| c * n + i))
+            .flat_map(|j| pre.planar[j].to_le_bytes())
+            .collect();
+        assert_eq!(
+            im["fnv1a64"].as_str().unwrap(),
+            format!("{:016x}", fnv1a64(&interleaved)),
+            "{w}x{h}: first values {:?} vs llama.cpp's {}",
+            &pre.planar[..2],
+            im["first"]
+        );
+    }
+}
+
+/// Reads a `.emb.f32` fixture: (n_tokens, n_embd, values).
+fn read_emb(path: &std::path::Path) -> (usize, usize, Vec<f32>) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let n = i32::from_le_bytes(b[0..4].try_into().unwrap()) as usize;
+    let d = i32::from_le_bytes(b[4..8].try_into().unwrap()) as usize;
+    let v: Vec<f32> = b[8..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(v.len(), n * d);
+    (n, d, v)
+}
+
+/// The encoder (patch convolutions, 2×2 reorder, resized learned positions,
+/// ViT blocks with 2-D M-RoPE, merger and deepstack mergers) against llama.cpp's
+/// `clip` on the same file and images, for the kernel set the fixture was
+/// recorded with (ggml's CPU kernels decide the last bits).
+#[test]
+fn encoder_matches_llama_cpp_clip() {
+    let kernel_set = "x86_64-avx512";
+    let dir = fixture_dir().join(kernel_set);
+    let here = tempo9_ggml::KernelSet::current().short_name();
+    if here != kernel_set {
+        eprintln!("skipping exact encoder parity: fixture is {kernel_set}, this build is {here}");
+        return;
+    }
+    let p = load(tiny_mmproj(|_| {})).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("preprocess.json")).unwrap(),
+    )
+    .unwrap();
+    let pre: Vec<_> = fixture["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|im| {
+            let w = im["width"].as_u64().unwrap() as u32;
+            let h = im["height"].as_u64().unwrap() as u32;
+            (
+                im["name"].as_str().unwrap().to_string(),
+                p.preprocess(&pixels(w, h)),
+            )
+        })
+        .collect();
+    let enc = VisionEncoder::new(p, tempo9_ggml::Device::cpu(), 2).unwrap();
+    let mut worst = 0f32;
+    for (name, img) in &pre {
+        let got = enc.encode(img).unwrap();
+        let (n, d, want) = read_emb(&dir.join(format!("{name}.emb.f32")));
+        assert_eq!((got.n_tokens(), got.n_embd), (n, d), "image {name}");
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = got
+            .data
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!("image {name}: {n} tokens x {d}, max |diff| {diff:e} (max |value| {scale})");
+        worst = worst.max(diff / scale);
+    }
+    // Recorded: bit-identical (same ggml kernels, same graph, op for op).
+    assert!(worst < 1e-5, "relative difference {worst:e}");
+    // The same pixels again come from the encoder's cache, not a new encode.
+    let again = enc.encode(&pre[0].1).unwrap();
+    assert!(std::sync::Arc::ptr_eq(
+        &again,
+        &enc.cached(pre[0].1.hash).unwrap()
+    ));
 }

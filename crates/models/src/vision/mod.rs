@@ -10,11 +10,14 @@
 //! cached under [`PixelHash`].
 
 mod decode;
+mod encoder;
 mod mmproj;
 mod preprocess;
+mod qwen3vl;
 mod resize;
 
 pub use decode::{decode, DecodedImage, MAX_DECODED_PIXELS};
+pub use encoder::{ImageEmbeddings, VisionEncoder};
 pub use mmproj::{Projector, ProjectorType, VisionHParams};
 pub use preprocess::{PixelHash, Preprocessed};
 pub use resize::{smart_resize, Resample};
