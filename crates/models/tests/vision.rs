@@ -6,8 +6,12 @@
 use std::sync::Arc;
 
 use tempo9_gguf::GgufFile;
+use tempo9_models::vision::ImageEmbeddings;
 use tempo9_models::vision::{
     decode, DecodedImage, PixelHash, Projector, ProjectorType, VisionEncoder, VisionError,
+};
+use tempo9_models::{
+    CellRun, KvView, LoadOptions, MaskBuilder, Model, RowEmbeds, SeqSpan, StepBatch,
 };
 
 mod common;
@@ -20,7 +24,7 @@ const HEADS: usize = 2;
 const FF: usize = 32;
 const LAYERS: usize = 3;
 const PATCH: usize = 4;
-const PROJ: usize = 16;
+const PROJ: usize = 128;
 /// Position-embedding grid side (image_size / patch).
 const GRID: usize = 6;
 const DEEPSTACK: [usize; 2] = [0, 2];
@@ -144,7 +148,7 @@ fn bad_files_and_mismatches_name_the_problem() {
         .check_language_model("qwen3vl", 64, 2)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("16-wide") && e.contains("64"), "{e}");
+    assert!(e.contains("128-wide") && e.contains("64"), "{e}");
     let e = p
         .check_language_model("qwen3", PROJ, 2)
         .unwrap_err()
@@ -329,4 +333,192 @@ fn encoder_matches_llama_cpp_clip() {
         &again,
         &enc.cached(pre[0].1.hash).unwrap()
     ));
+}
+
+/// One single-sequence step over `n` rows stored in cells `start..start + n`,
+/// each row seeing every cell up to its own (rows of an image share one
+/// temporal position, and llama.cpp's 2-D mask then orders them by (y, x): the
+/// raster order they are stored in).
+fn lm_step(
+    model: &Arc<Model>,
+    exec: &mut tempo9_models::Executor,
+    kv: &Arc<tempo9_models::KvStore>,
+    start: usize,
+    rows: Rows<'_>,
+) -> Vec<f32> {
+    let n = rows.len();
+    let n_kv = start + n;
+    let mut mask = MaskBuilder::new(n_kv, n);
+    for r in 0..n {
+        mask.allow_prefix(r, (start + r) as i32, None);
+    }
+    let mut b = StepBatch {
+        kv_slots: vec![(start..n_kv).map(|c| c as i64).collect()],
+        seqs: vec![SeqSpan {
+            row_start: 0,
+            n_rows: n,
+            views: vec![KvView {
+                window: vec![CellRun {
+                    start: 0,
+                    len: n_kv,
+                }],
+                mask: mask.into_data(),
+                mask_swa: None,
+            }],
+            tiled_prompt: false,
+            state_snapshot: None,
+        }],
+        output_rows: vec![n as i32 - 1],
+        ..StepBatch::default()
+    };
+    match rows {
+        Rows::Text(toks, pos) => {
+            b.tokens = toks.to_vec();
+            b.positions = (0..n as i32).map(|i| pos + i).collect();
+        }
+        Rows::Image(e, pos) => {
+            // mtmd's M-RoPE image positions: (t, y, x, 0) = (p, p + row, p + col, 0).
+            b.tokens = vec![0; n];
+            b.positions = vec![pos; n];
+            let mut pm = vec![pos; n];
+            pm.extend((0..n).map(|i| pos + (i / e.n_x) as i32));
+            pm.extend((0..n).map(|i| pos + (i % e.n_x) as i32));
+            pm.extend(std::iter::repeat_n(0, n));
+            b.positions_multi = Some(pm);
+            b.embeds = Some(RowEmbeds {
+                rows: (0..n as i32).collect(),
+                values: e.data.clone(),
+            });
+        }
+    }
+    model.forward(exec, kv, &b).unwrap()
+}
+
+/// A step's rows: text tokens from a position, or an image at a position.
+enum Rows<'a> {
+    Text(&'a [u32], i32),
+    Image(&'a ImageEmbeddings, i32),
+}
+
+impl Rows<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Rows::Text(t, _) => t.len(),
+            Rows::Image(e, _) => e.n_tokens(),
+        }
+    }
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in l.iter().enumerate() {
+        if v > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The synthetic Qwen3-VL language model with the tiny projector against
+/// llama-server `--mmproj` (b11434) on six images of different sizes: the text
+/// before the image, the image's embeddings (deepstack features included) at
+/// M-RoPE positions, the text after it at positions advanced by the larger
+/// side of the image grid, then 32 greedy tokens, identical.
+#[test]
+fn greedy_after_an_image_matches_llama_cpp() {
+    let kernel_set = "x86_64-avx512";
+    let here = tempo9_ggml::KernelSet::current().short_name();
+    if here != kernel_set {
+        eprintln!("skipping greedy image parity: fixture is {kernel_set}, this build is {here}");
+        return;
+    }
+    let fx_path = fixture_dir().join(format!("../greedy/{kernel_set}.json"));
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx_path).unwrap()).unwrap();
+    let Some(path) = common::model_path(fx["model"].as_str().unwrap()) else {
+        return;
+    };
+    let model = Arc::new(Model::load(&path, LoadOptions::new(tempo9_ggml::Device::cpu())).unwrap());
+    let hp = model.hparams().clone();
+    let bytes = tiny_mmproj(|_| {});
+    assert_eq!(fx["mmproj_fnv1a64"], format!("{:016x}", fnv1a64(&bytes)));
+    let p = load(bytes).unwrap();
+    p.check_language_model(hp.arch.name(), hp.n_embd, hp.n_deepstack)
+        .unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        fx[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let (before, after) = (ids("tokens_before"), ids("tokens_after"));
+    let sizes: Vec<(String, u32, u32)> = {
+        let pre: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture_dir().join("preprocess.json")).unwrap(),
+        )
+        .unwrap();
+        pre["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|im| {
+                let d = |k: &str| im[k].as_u64().unwrap() as u32;
+                (
+                    im["name"].as_str().unwrap().to_string(),
+                    d("width"),
+                    d("height"),
+                )
+            })
+            .collect()
+    };
+    let enc = VisionEncoder::new(p, tempo9_ggml::Device::cpu(), 2).unwrap();
+    let images = fx["images"].as_array().unwrap();
+    assert_eq!(images.len(), 6);
+    for im in images {
+        let name = im["name"].as_str().unwrap();
+        let &(_, w, h) = sizes.iter().find(|s| s.0 == name).unwrap();
+        let emb = enc
+            .encode(&enc.projector().preprocess(&pixels(w, h)))
+            .unwrap();
+        let want: Vec<u32> = im["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let groups = model.cache_groups(false);
+        let kv = model.new_kv(&groups, &[1024]).unwrap();
+        let mut exec = tempo9_models::Executor::new(tempo9_ggml::Device::cpu(), 2).unwrap();
+        let mut cell = 0;
+        lm_step(&model, &mut exec, &kv, cell, Rows::Text(&before, 0));
+        cell += before.len();
+        let t = before.len() as i32;
+        lm_step(&model, &mut exec, &kv, cell, Rows::Image(&emb, t));
+        cell += emb.n_tokens();
+        // mtmd: an M-RoPE image advances the position by max(nx, ny).
+        let mut pos = t + emb.n_x.max(emb.n_y) as i32;
+        let mut logits = lm_step(&model, &mut exec, &kv, cell, Rows::Text(&after, pos));
+        cell += after.len();
+        pos += after.len() as i32;
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            let tok = argmax(&logits);
+            got.push(tok);
+            logits = lm_step(&model, &mut exec, &kv, cell, Rows::Text(&[tok], pos));
+            cell += 1;
+            pos += 1;
+        }
+        assert_eq!(
+            got,
+            want,
+            "image {name} ({w}x{h}, {} tokens)",
+            emb.n_tokens()
+        );
+        eprintln!(
+            "image {name}: {} image tokens, 32 greedy tokens identical",
+            emb.n_tokens()
+        );
+    }
 }

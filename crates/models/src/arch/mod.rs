@@ -9,3 +9,4 @@ pub(crate) mod qwen3;
 pub(crate) mod qwen35;
 pub(crate) mod qwen35moe;
 pub(crate) mod qwen3moe;
+pub(crate) mod qwen3vl;
