@@ -136,7 +136,7 @@ pub(crate) fn check(hp: &HParams, b: &StepBatch, kv: &KvStore) -> Result<(), Mod
         return bad("token id outside the vocabulary".into());
     }
     if let Some(e) = &b.embeds {
-        if hp.arch != crate::Arch::Qwen3Vl {
+        if !hp.arch.takes_images() {
             return bad(format!("{} takes no input embeddings", hp.arch.name()));
         }
         if e.rows.is_empty()

@@ -21,6 +21,8 @@ pub enum Arch {
     /// Qwen3-VL (dense) language model: Qwen3 with interleaved multi-section
     /// rope and deepstack image features added to the first layers' outputs.
     Qwen3Vl,
+    /// Qwen3-VL-MoE language model: Qwen3-MoE with Qwen3-VL's rope and deepstack.
+    Qwen3VlMoe,
     /// Qwen3.5: gated-DeltaNet linear-attention layers with a recurrent state,
     /// every n-th layer gated full attention with partial multi-section rope.
     Qwen35,
@@ -37,13 +39,14 @@ pub enum Arch {
 
 impl Arch {
     /// Every supported architecture, in the order error messages list them.
-    pub const ALL: [Arch; 10] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Gemma3,
         Arch::Qwen3,
         Arch::Qwen3Moe,
         Arch::Qwen3Vl,
+        Arch::Qwen3VlMoe,
         Arch::Qwen35,
         Arch::Qwen35Moe,
         Arch::Mistral3,
@@ -69,6 +72,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen3Vl => "qwen3vl",
+            Arch::Qwen3VlMoe => "qwen3vlmoe",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Mistral3 => "mistral3",
@@ -78,7 +82,15 @@ impl Arch {
 
     /// Whether the feed-forward is a mixture of experts.
     pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::GptOss)
+        matches!(
+            self,
+            Arch::Qwen3Moe | Arch::Qwen3VlMoe | Arch::Qwen35Moe | Arch::GptOss
+        )
+    }
+
+    /// Whether image embeddings (from a projector file) can feed it: Qwen3-VL.
+    pub fn takes_images(self) -> bool {
+        matches!(self, Arch::Qwen3Vl | Arch::Qwen3VlMoe)
     }
 
     /// Whether some layers are gated-DeltaNet layers with a recurrent state.
@@ -371,7 +383,7 @@ impl HParams {
             Arch::Llama | Arch::Mistral3 => 0,
             Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => 2,
             // GGML_ROPE_TYPE_IMROPE: interleaved multi-section rope.
-            Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Vl => 40,
+            Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Vl | Arch::Qwen3VlMoe => 40,
         };
         let rope = RopeParams {
             n_dims: n_rot as i32,
@@ -428,7 +440,7 @@ impl HParams {
                 attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
             }
         }
-        let rope_sections = match arch.is_hybrid() || arch == Arch::Qwen3Vl {
+        let rope_sections = match arch.is_hybrid() || arch.takes_images() {
             true => {
                 let key_s = key("rope.dimension_sections");
                 let v = md
@@ -557,7 +569,9 @@ impl HParams {
             return bad("empty vocabulary".into());
         }
         let n_deepstack = match arch {
-            Arch::Qwen3Vl => md.get_u32(&key("n_deepstack_layers"))?.unwrap_or(0) as usize,
+            Arch::Qwen3Vl | Arch::Qwen3VlMoe => {
+                md.get_u32(&key("n_deepstack_layers"))?.unwrap_or(0) as usize
+            }
             _ => 0,
         };
         if n_deepstack >= n_layer {

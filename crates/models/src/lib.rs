@@ -138,6 +138,7 @@ impl Model {
             Arch::Qwen3 => Graphs::Qwen3(arch::qwen3::Qwen3::declare(&hp, &file, &mut specs)),
             Arch::Qwen3Moe => Graphs::Qwen3(arch::qwen3moe::declare(&hp, &file, &mut specs)),
             Arch::Qwen3Vl => Graphs::Qwen3(arch::qwen3vl::declare(&hp, &file, &mut specs)),
+            Arch::Qwen3VlMoe => Graphs::Qwen3(arch::qwen3vlmoe::declare(&hp, &file, &mut specs)),
             Arch::Qwen35 => Graphs::Qwen35(arch::qwen35::Qwen35::declare(&hp, &file, &mut specs)),
             Arch::Qwen35Moe => Graphs::Qwen35(arch::qwen35moe::declare(&hp, &file, &mut specs)),
             Arch::Mistral3 => Graphs::Llama(arch::mistral3::declare(&hp, &file, &mut specs)),

@@ -419,20 +419,30 @@ fn argmax(l: &[f32]) -> u32 {
     best as u32
 }
 
-/// The synthetic Qwen3-VL language model with the tiny projector against
-/// llama-server `--mmproj` (b11434) on six images of different sizes: the text
-/// before the image, the image's embeddings (deepstack features included) at
-/// M-RoPE positions, the text after it at positions advanced by the larger
-/// side of the image grid, then 32 greedy tokens, identical.
+/// The synthetic Qwen3-VL (dense) language model with the tiny projector
+/// against llama-server `--mmproj` (b11434) on six images of different sizes:
+/// the text before the image, the image's embeddings (deepstack features
+/// included) at M-RoPE positions, the text after it at positions advanced by
+/// the larger side of the image grid, then 32 greedy tokens, identical.
 #[test]
 fn greedy_after_an_image_matches_llama_cpp() {
+    greedy_after_images("qwen3vl-tiny");
+}
+
+/// [`greedy_after_an_image_matches_llama_cpp`] for Qwen3-VL-MoE.
+#[test]
+fn greedy_after_an_image_matches_llama_cpp_moe() {
+    greedy_after_images("qwen3vlmoe-tiny");
+}
+
+fn greedy_after_images(model_dir: &str) {
     let kernel_set = "x86_64-avx512";
     let here = tempo9_ggml::KernelSet::current().short_name();
     if here != kernel_set {
         eprintln!("skipping greedy image parity: fixture is {kernel_set}, this build is {here}");
         return;
     }
-    let fx_path = fixture_dir().join(format!("../greedy/{kernel_set}.json"));
+    let fx_path = fixture_dir().join(format!("../../{model_dir}/greedy/{kernel_set}.json"));
     let fx: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fx_path).unwrap()).unwrap();
     let Some(path) = common::model_path(fx["model"].as_str().unwrap()) else {
@@ -513,11 +523,11 @@ fn greedy_after_an_image_matches_llama_cpp() {
         assert_eq!(
             got,
             want,
-            "image {name} ({w}x{h}, {} tokens)",
+            "{model_dir}, image {name} ({w}x{h}, {} tokens)",
             emb.n_tokens()
         );
         eprintln!(
-            "image {name}: {} image tokens, 32 greedy tokens identical",
+            "{model_dir}, image {name}: {} image tokens, 32 greedy tokens identical",
             emb.n_tokens()
         );
     }

@@ -67,7 +67,7 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
             w.set(&k("rope.dimension_count"), u(sh.n_rot));
         }
         SynthArch::Qwen3 | SynthArch::Qwen3moe | SynthArch::GptOss => {}
-        SynthArch::Qwen3vl => {
+        SynthArch::Qwen3vl | SynthArch::Qwen3vlmoe => {
             let sections = mrope_sections((sh.n_rot / 2) as i32);
             w.set(
                 &k("rope.dimension_sections"),

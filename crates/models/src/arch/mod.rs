@@ -10,3 +10,4 @@ pub(crate) mod qwen35;
 pub(crate) mod qwen35moe;
 pub(crate) mod qwen3moe;
 pub(crate) mod qwen3vl;
+pub(crate) mod qwen3vlmoe;
