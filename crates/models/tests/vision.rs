@@ -532,3 +532,79 @@ fn greedy_after_images(model_dir: &str) {
         );
     }
 }
+
+/// Malformed image rows are refused before any graph is built, each with a
+/// message naming the problem; a text-only architecture takes no embeddings.
+#[test]
+fn bad_image_rows_are_clear_errors() {
+    let Some(path) = common::model_path("qwen3vl-tiny.gguf") else {
+        return;
+    };
+    let cpu = tempo9_ggml::Device::cpu();
+    let model = Arc::new(Model::load(&path, LoadOptions::new(cpu)).unwrap());
+    let n_inp = model.hparams().n_embd_inp();
+    assert_eq!(n_inp, 128 * 3);
+    let kv = model.new_kv(&model.cache_groups(false), &[64]).unwrap();
+    let mut exec = tempo9_models::Executor::new(cpu, 1).unwrap();
+    let mut mask = MaskBuilder::new(2, 2);
+    mask.allow_prefix(0, 0, None);
+    mask.allow_prefix(1, 1, None);
+    let batch = StepBatch {
+        tokens: vec![0, 0],
+        positions: vec![0, 0],
+        kv_slots: vec![vec![0, 1]],
+        seqs: vec![SeqSpan {
+            row_start: 0,
+            n_rows: 2,
+            views: vec![KvView {
+                window: vec![CellRun { start: 0, len: 2 }],
+                mask: mask.into_data(),
+                mask_swa: None,
+            }],
+            tiled_prompt: false,
+            state_snapshot: None,
+        }],
+        output_rows: vec![1],
+        embeds: Some(RowEmbeds {
+            rows: vec![0, 1],
+            values: vec![0.0; 2 * n_inp],
+        }),
+        ..StepBatch::default()
+    };
+    // The well-formed batch runs.
+    model.forward(&mut exec, &kv, &batch).unwrap();
+    let mut err = |b: StepBatch| model.forward(&mut exec, &kv, &b).unwrap_err().to_string();
+    let mut b = batch.clone();
+    b.embeds.as_mut().unwrap().values.pop();
+    assert!(err(b).contains("embedding values for 2 rows of 384"));
+    let mut b = batch.clone();
+    b.embeds.as_mut().unwrap().rows = vec![1, 0];
+    assert!(err(b).contains("unsorted or out of range"));
+    let mut b = batch.clone();
+    b.embeds.as_mut().unwrap().rows = vec![0, 2];
+    assert!(err(b).contains("unsorted or out of range"));
+    let mut b = batch.clone();
+    b.positions_multi = Some(vec![0; 7]);
+    assert!(err(b).contains("not 4 per token"));
+
+    // An image not on the patch grid is refused by the encoder.
+    let enc = VisionEncoder::new(load(tiny_mmproj(|_| {})).unwrap(), cpu, 1).unwrap();
+    let mut pre = enc.projector().preprocess(&pixels(16, 16));
+    pre.width -= 1;
+    let e = enc.encode(&pre).unwrap_err().to_string();
+    assert!(e.contains("not on the 8-pixel grid"), "{e}");
+
+    // A text-only architecture takes no input embeddings.
+    let Some(path) = common::model_path("qwen3-tiny.gguf") else {
+        return;
+    };
+    let text = Arc::new(Model::load(&path, LoadOptions::new(cpu)).unwrap());
+    let kv = text.new_kv(&text.cache_groups(false), &[64]).unwrap();
+    let mut b = batch.clone();
+    b.embeds = Some(RowEmbeds {
+        rows: vec![0],
+        values: vec![0.0; text.hparams().n_embd],
+    });
+    let e = text.forward(&mut exec, &kv, &b).unwrap_err().to_string();
+    assert!(e.contains("qwen3 takes no input embeddings"), "{e}");
+}
