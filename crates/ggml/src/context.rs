@@ -326,6 +326,69 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_rms_norm(c, a.raw(), eps) })
     }
 
+    /// Layer normalisation over the first dimension (zero mean, unit variance; no
+    /// scale or shift).
+    pub fn norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_norm(c, a.raw(), eps) })
+    }
+
+    /// GELU, tanh approximation (PyTorch's `gelu_pytorch_tanh`).
+    pub fn gelu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_gelu(c, a.raw()) })
+    }
+
+    /// 2-D convolution of `input` `[w, h, c_in, n]` by `kernel` `[kw, kh, c_in,
+    /// c_out]` with strides `s`, zero padding `p` and dilation `d` (x, y): gives
+    /// `[w_out, h_out, c_out, n]` (im2col then a matmul, in the kernel's type).
+    pub fn conv_2d<'a>(
+        &'a self,
+        kernel: Tensor<'a>,
+        input: Tensor<'a>,
+        s: [i32; 2],
+        p: [i32; 2],
+        d: [i32; 2],
+    ) -> Tensor<'a> {
+        assert_eq!(
+            kernel.ne()[2],
+            input.ne()[2],
+            "conv_2d: input channels {:?} / {:?}",
+            kernel.ne(),
+            input.ne()
+        );
+        assert!(
+            s.iter().chain(&d).all(|&v| v > 0),
+            "conv_2d: strides, dilations > 0"
+        );
+        // SAFETY: channel counts checked; ggml checks the rest.
+        self.op1(|c| unsafe {
+            sys::ggml_conv_2d(
+                c,
+                kernel.raw(),
+                input.raw(),
+                s[0],
+                s[1],
+                p[0],
+                p[1],
+                d[0],
+                d[1],
+            )
+        })
+    }
+
+    /// `a` (F32) resampled to `ne` with bilinear interpolation, sample points
+    /// on the corners of both grids (PyTorch's `align_corners=True`).
+    pub fn interpolate_bilinear_corners<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Tensor<'a> {
+        assert!(
+            a.dtype() == DType::F32 && ne.iter().all(|&n| n > 0),
+            "interpolate: F32, sizes > 0"
+        );
+        let mode = sys::GGML_SCALE_MODE_BILINEAR | sys::GGML_SCALE_FLAG_ALIGN_CORNERS;
+        // SAFETY: live tensor; checked above.
+        self.op1(|c| unsafe { sys::ggml_interpolate(c, a.raw(), ne[0], ne[1], ne[2], ne[3], mode) })
+    }
+
     /// `silu(a) * b` (SwiGLU with separate gate and up tensors).
     pub fn swiglu_split<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
         assert_eq!(a.ne(), b.ne(), "swiglu: shape mismatch");
@@ -728,6 +791,39 @@ impl Context {
         // SAFETY: shapes checked above.
         let t = self.op1(|c| unsafe {
             sys::ggml_flash_attn_ext(c, q.raw(), k.raw(), v.raw(), mask.raw(), scale, 0.0, 0.0)
+        });
+        // SAFETY: t is a flash-attention node.
+        unsafe { sys::ggml_flash_attn_ext_set_prec(t.raw(), sys::GGML_PREC_F32) };
+        t
+    }
+}
+
+impl Context {
+    /// Fused attention of every query over every key, no mask: `q [d, n_q,
+    /// n_head]` F32, `k`/`v` `[d, n_kv, n_head]` F16. Returns `[d, n_head, n_q]`.
+    pub fn flash_attn_unmasked<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        scale: f32,
+    ) -> Tensor<'a> {
+        let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
+        assert_eq!(qn[0], kn[0], "flash_attn: q/k head dim");
+        assert_eq!(kn[1], vn[1], "flash_attn: k/v length");
+        assert_eq!(qn[2] % kn[2], 0, "flash_attn: n_head % n_head_kv");
+        // SAFETY: shapes checked above; a null mask is allowed.
+        let t = self.op1(|c| unsafe {
+            sys::ggml_flash_attn_ext(
+                c,
+                q.raw(),
+                k.raw(),
+                v.raw(),
+                std::ptr::null_mut(),
+                scale,
+                0.0,
+                0.0,
+            )
         });
         // SAFETY: t is a flash-attention node.
         unsafe { sys::ggml_flash_attn_ext_set_prec(t.raw(), sys::GGML_PREC_F32) };

@@ -404,8 +404,7 @@ mod tests {
             kv_slots: vec![vec![0; n]],
             seqs,
             output_rows: vec![0],
-            batch_invariant: false,
-            hidden_rows: Vec::new(),
+            ..StepBatch::default()
         }
     }
 

@@ -33,6 +33,24 @@ pub struct StepBatch {
     /// this order: the input of the model's multi-token-prediction head (see
     /// [`crate::Model::forward_hidden`]). Only models with an MTP head.
     pub hidden_rows: Vec<i32>,
+    /// Rows whose input is an embedding instead of their token's (an image's
+    /// positions); their `tokens` entries are ignored.
+    pub embeds: Option<RowEmbeds>,
+    /// Four rope positions per token, section-major (all tokens' first, then
+    /// second, ...), for multi-section rope when rows are image positions (2-D);
+    /// None: each token's `positions` entry in the first three sections, 0 in
+    /// the fourth (text).
+    pub positions_multi: Option<Vec<i32>>,
+}
+
+/// Input embeddings of some rows of a step (see [`StepBatch::embeds`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowEmbeds {
+    /// The rows, ascending.
+    pub rows: Vec<i32>,
+    /// Per row, [`crate::HParams::n_embd_inp`] values: the embedding, then any
+    /// deepstack features.
+    pub values: Vec<f32>,
 }
 
 /// A run of consecutive KV cells: `start..start + len`.
@@ -126,6 +144,30 @@ pub(crate) fn check(hp: &HParams, b: &StepBatch, kv: &KvStore) -> Result<(), Mod
     }
     if b.tokens.iter().any(|&t| t as usize >= hp.n_vocab) {
         return bad("token id outside the vocabulary".into());
+    }
+    if let Some(e) = &b.embeds {
+        if !hp.arch.takes_images() {
+            return bad(format!("{} takes no input embeddings", hp.arch.name()));
+        }
+        if e.rows.is_empty()
+            || e.rows.windows(2).any(|w| w[0] >= w[1])
+            || e.rows.iter().any(|&r| r < 0 || r as usize >= n)
+        {
+            return bad("embedding rows empty, unsorted or out of range".into());
+        }
+        if e.values.len() != e.rows.len() * hp.n_embd_inp() {
+            return bad(format!(
+                "{} embedding values for {} rows of {}",
+                e.values.len(),
+                e.rows.len(),
+                hp.n_embd_inp()
+            ));
+        }
+    }
+    if let Some(p) = &b.positions_multi {
+        if hp.rope_sections.is_none() || p.len() != 4 * n {
+            return bad("positions_multi without multi-section rope, or not 4 per token".into());
+        }
     }
     let n_groups = kv.n_groups();
     if b.kv_slots.len() != n_groups {

@@ -18,6 +18,11 @@ pub enum Arch {
     Qwen3,
     /// Qwen3-MoE: Qwen3 attention, routed experts (softmax, top-k, renormalised).
     Qwen3Moe,
+    /// Qwen3-VL (dense) language model: Qwen3 with interleaved multi-section
+    /// rope and deepstack image features added to the first layers' outputs.
+    Qwen3Vl,
+    /// Qwen3-VL-MoE language model: Qwen3-MoE with Qwen3-VL's rope and deepstack.
+    Qwen3VlMoe,
     /// Qwen3.5: gated-DeltaNet linear-attention layers with a recurrent state,
     /// every n-th layer gated full attention with partial multi-section rope.
     Qwen35,
@@ -34,12 +39,14 @@ pub enum Arch {
 
 impl Arch {
     /// Every supported architecture, in the order error messages list them.
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Gemma3,
         Arch::Qwen3,
         Arch::Qwen3Moe,
+        Arch::Qwen3Vl,
+        Arch::Qwen3VlMoe,
         Arch::Qwen35,
         Arch::Qwen35Moe,
         Arch::Mistral3,
@@ -64,6 +71,8 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen3Vl => "qwen3vl",
+            Arch::Qwen3VlMoe => "qwen3vlmoe",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Mistral3 => "mistral3",
@@ -73,7 +82,15 @@ impl Arch {
 
     /// Whether the feed-forward is a mixture of experts.
     pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::GptOss)
+        matches!(
+            self,
+            Arch::Qwen3Moe | Arch::Qwen3VlMoe | Arch::Qwen35Moe | Arch::GptOss
+        )
+    }
+
+    /// Whether image embeddings (from a projector file) can feed it: Qwen3-VL.
+    pub fn takes_images(self) -> bool {
+        matches!(self, Arch::Qwen3Vl | Arch::Qwen3VlMoe)
     }
 
     /// Whether some layers are gated-DeltaNet layers with a recurrent state.
@@ -252,6 +269,18 @@ pub struct HParams {
     pub n_nextn: usize,
     /// Position-dependent query scaling (Mistral 3), if the file asks for it.
     pub attn_temp: Option<AttnTemp>,
+    /// Deepstack inputs (Qwen3-VL): an image token's input embedding carries
+    /// this many more `n_embd`-wide features, added to the outputs of layers
+    /// `0..n_deepstack`.
+    pub n_deepstack: usize,
+}
+
+impl HParams {
+    /// Width of one input embedding at an image position: the token-embedding
+    /// width plus the deepstack features.
+    pub fn n_embd_inp(&self) -> usize {
+        self.n_embd * (1 + self.n_deepstack)
+    }
 }
 
 impl HParams {
@@ -354,7 +383,7 @@ impl HParams {
             Arch::Llama | Arch::Mistral3 => 0,
             Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => 2,
             // GGML_ROPE_TYPE_IMROPE: interleaved multi-section rope.
-            Arch::Qwen35 | Arch::Qwen35Moe => 40,
+            Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Vl | Arch::Qwen3VlMoe => 40,
         };
         let rope = RopeParams {
             n_dims: n_rot as i32,
@@ -411,7 +440,7 @@ impl HParams {
                 attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
             }
         }
-        let rope_sections = match arch.is_hybrid() {
+        let rope_sections = match arch.is_hybrid() || arch.takes_images() {
             true => {
                 let key_s = key("rope.dimension_sections");
                 let v = md
@@ -539,6 +568,15 @@ impl HParams {
         if n_vocab == 0 {
             return bad("empty vocabulary".into());
         }
+        let n_deepstack = match arch {
+            Arch::Qwen3Vl | Arch::Qwen3VlMoe => {
+                md.get_u32(&key("n_deepstack_layers"))?.unwrap_or(0) as usize
+            }
+            _ => 0,
+        };
+        if n_deepstack >= n_layer {
+            return bad(format!("{n_deepstack} deepstack layers of {n_layer}"));
+        }
         Ok(HParams {
             arch,
             n_vocab,
@@ -562,6 +600,7 @@ impl HParams {
             is_recurrent,
             n_nextn,
             attn_temp,
+            n_deepstack,
         })
     }
 

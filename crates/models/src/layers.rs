@@ -15,6 +15,8 @@ pub(crate) struct Inputs<'a> {
     pub pos_multi: Option<Tensor<'a>>,
     /// Per-token query scale `[1, 1, n_tokens]` F32 ([`crate::AttnTemp`]).
     pub attn_temp: Option<Tensor<'a>>,
+    /// Rows whose input is an embedding (image positions).
+    pub embeds: Option<EmbedInputs<'a>>,
     /// The step's recurrent-state ops (see [`crate::deltanet`]).
     pub states: Vec<crate::deltanet::StateInputs<'a>>,
     /// Per cache group, the cell each token's K/V goes to in the group's pools.
@@ -30,6 +32,14 @@ pub(crate) struct Inputs<'a> {
     /// Row indices (into an assembled attention window) with their values: one
     /// input per distinct (offset, length), shared by all layers.
     pub window_rows: Vec<(Tensor<'a>, Vec<i64>)>,
+}
+
+/// Input embeddings of some rows: `rows` I32 `[n]`, `values` F32
+/// `[n_embd_inp, n]` (the embedding, then the deepstack features).
+#[derive(Clone, Copy)]
+pub(crate) struct EmbedInputs<'a> {
+    pub rows: Tensor<'a>,
+    pub values: Tensor<'a>,
 }
 
 /// One sequence's token rows.
@@ -169,6 +179,41 @@ impl<'a> Builder<'a> {
         match scale {
             Some(s) => self.ctx.scale(x, s),
             None => x,
+        }
+    }
+
+    /// Token embeddings with the step's input embeddings (image positions) in
+    /// their rows, as llama.cpp feeds an embedding batch.
+    pub fn embed_inputs(&self, tok_embd: WeightId) -> Tensor<'a> {
+        let x = self.embed(tok_embd, None);
+        match self.inp.embeds {
+            Some(e) => self.ctx.set_rows(x, self.embed_part(e, 0), e.rows),
+            None => x,
+        }
+    }
+
+    /// Part `i` (0: the embedding, 1..: deepstack features) of the input
+    /// embeddings, `[n_embd, n]`.
+    fn embed_part(&self, e: EmbedInputs<'a>, i: usize) -> Tensor<'a> {
+        let n_embd = self.hp.n_embd;
+        let v = e.values;
+        let part = self
+            .ctx
+            .view(v, &[n_embd as i64, v.ne()[1]], &[v.nb()[1]], i * n_embd * 4);
+        self.ctx.cont(part)
+    }
+
+    /// Layer `il`'s output `x` plus, at the image rows, the input embeddings'
+    /// deepstack feature `il` (Qwen3-VL: layers `0..n_deepstack`; text rows
+    /// get nothing added, as llama.cpp's zero-padded text embeddings).
+    pub fn deepstack(&self, x: Tensor<'a>, il: usize) -> Tensor<'a> {
+        match self.inp.embeds {
+            Some(e) if il < self.hp.n_deepstack => {
+                let rows = self.ctx.get_rows(x, e.rows);
+                let sum = self.ctx.add(rows, self.embed_part(e, il + 1));
+                self.ctx.set_rows(x, sum, e.rows)
+            }
+            _ => x,
         }
     }
 

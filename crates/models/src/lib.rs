@@ -18,6 +18,7 @@ pub mod kv;
 mod layers;
 mod moe;
 mod step;
+pub mod vision;
 pub mod weights;
 
 use std::path::Path;
@@ -27,7 +28,7 @@ use tempo9_ggml::{Device, DeviceKind, GgmlError};
 use tempo9_gguf::{GgufError, GgufFile};
 
 pub use attn::MATMUL_DECODE_ABOVE;
-pub use batch::{CellRun, KvView, SeqSpan, StateSnapshot, StepBatch};
+pub use batch::{CellRun, KvView, RowEmbeds, SeqSpan, StateSnapshot, StepBatch};
 pub use cache::{CacheGroup, GroupKind};
 pub use hparams::{Arch, AttnTemp, HParams, MoeParams, SsmParams};
 pub use kv::{KvStore, MaskBuilder};
@@ -139,6 +140,8 @@ impl Model {
             Arch::Gemma3 => Graphs::Gemma3(arch::gemma3::Gemma3::declare(&hp, &file, &mut specs)),
             Arch::Qwen3 => Graphs::Qwen3(arch::qwen3::Qwen3::declare(&hp, &file, &mut specs)),
             Arch::Qwen3Moe => Graphs::Qwen3(arch::qwen3moe::declare(&hp, &file, &mut specs)),
+            Arch::Qwen3Vl => Graphs::Qwen3(arch::qwen3vl::declare(&hp, &file, &mut specs)),
+            Arch::Qwen3VlMoe => Graphs::Qwen3(arch::qwen3vlmoe::declare(&hp, &file, &mut specs)),
             Arch::Qwen35 => Graphs::Qwen35(arch::qwen35::Qwen35::declare(&hp, &file, &mut specs)),
             Arch::Qwen35Moe => Graphs::Qwen35(arch::qwen35moe::declare(&hp, &file, &mut specs)),
             Arch::Mistral3 => Graphs::Llama(arch::mistral3::declare(&hp, &file, &mut specs)),

@@ -8,7 +8,7 @@ use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, KeptGraph, Schedu
 
 use crate::attn::AttnOp;
 use crate::deltanet::{StateInputs, StateOp};
-use crate::layers::{AttnInputs, Builder, Inputs, SeqInputs, StridedInputs};
+use crate::layers::{AttnInputs, Builder, EmbedInputs, Inputs, SeqInputs, StridedInputs};
 use crate::{CellRun, Graphs, GroupKind, KvStore, Model, ModelError, StepBatch, StepOutput};
 
 /// Compute resources of one executor of steps: the backends and the scheduler that
@@ -44,6 +44,8 @@ struct StepShape {
     invariant: bool,
     /// Each recurrent state op's layout: baked into the graph.
     states: Vec<StateShape>,
+    /// Rows whose input is an embedding.
+    embed_rows: usize,
 }
 
 /// What a recurrent state op bakes into the graph.
@@ -105,6 +107,7 @@ impl StepShape {
             mtp,
             n_hidden: b.hidden_rows.len(),
             invariant: b.batch_invariant,
+            embed_rows: b.embeds.as_ref().map_or(0, |e| e.rows.len()),
             seqs: b.seqs.iter().map(|s| (s.row_start, s.n_rows)).collect(),
             states: states
                 .iter()
@@ -152,6 +155,8 @@ struct InputIds {
     pos: usize,
     /// Multi-section rope positions.
     pos_multi: Option<usize>,
+    /// Input-embedding rows and values.
+    embeds: Option<(usize, usize)>,
     /// Per-token query scales.
     attn_temp: Option<usize>,
     /// Each state op's slots, and its snapshots' (rows, slots).
@@ -284,6 +289,7 @@ impl Model {
         let shape_hidden = shape.n_hidden;
         let hp = self.layer_hparams(mtp);
         let n_embd = hp.n_embd as i64;
+        let shape_embed_rows = shape.embed_rows;
         // Size the arena to this graph (a fixed worst case would cost a large
         // allocation and page faults on every rebuild).
         // Per layer: fixed ops plus, per sequence, its attention ops and the K and
@@ -350,6 +356,14 @@ impl Model {
                     .hp
                     .attn_temp
                     .map(|_| ctx.new_input("inp_attn_scale", DType::F32, &[1, 1, n_t as i64])),
+                embeds: (shape_embed_rows > 0).then(|| EmbedInputs {
+                    rows: ctx.new_input("inp_embd_rows", DType::I32, &[shape_embed_rows as i64]),
+                    values: ctx.new_input(
+                        "inp_embd",
+                        DType::F32,
+                        &[model.hp.n_embd_inp() as i64, shape_embed_rows as i64],
+                    ),
+                }),
                 states: states
                     .iter()
                     .map(|op| StateInputs {
@@ -433,6 +447,9 @@ impl Model {
                 tokens: kept(&mut keep, inp.tokens),
                 pos: kept(&mut keep, inp.pos),
                 pos_multi: inp.pos_multi.map(|t| kept(&mut keep, t)),
+                embeds: inp
+                    .embeds
+                    .map(|e| (kept(&mut keep, e.rows), kept(&mut keep, e.values))),
                 attn_temp: inp.attn_temp.map(|t| kept(&mut keep, t)),
                 states: inp
                     .states
@@ -505,14 +522,23 @@ impl Model {
         g.tensor(ins.tokens).write(&toks)?;
         g.tensor(ins.pos).write(&batch.positions)?;
         if let Some(t) = ins.pos_multi {
-            // Text positions: (p, p, p, 0) per token, section-major.
-            let n = batch.positions.len();
-            let mut pos = Vec::with_capacity(4 * n);
-            for _ in 0..3 {
-                pos.extend_from_slice(&batch.positions);
+            match &batch.positions_multi {
+                Some(pos) => g.tensor(t).write(pos)?,
+                None => {
+                    // Text positions: (p, p, p, 0) per token, section-major.
+                    let n = batch.positions.len();
+                    let mut pos = Vec::with_capacity(4 * n);
+                    for _ in 0..3 {
+                        pos.extend_from_slice(&batch.positions);
+                    }
+                    pos.resize(4 * n, 0);
+                    g.tensor(t).write(&pos)?;
+                }
             }
-            pos.resize(4 * n, 0);
-            g.tensor(t).write(&pos)?;
+        }
+        if let (Some((rows, values)), Some(e)) = (ins.embeds, &batch.embeds) {
+            g.tensor(rows).write(&e.rows)?;
+            g.tensor(values).write(&e.values)?;
         }
         if let (Some(t), Some(temp)) = (ins.attn_temp, self.hp.attn_temp) {
             let scales: Vec<f32> = batch.positions.iter().map(|&p| temp.at(p)).collect();

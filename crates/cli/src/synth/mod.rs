@@ -4,7 +4,8 @@
 //! ggml's own quantizers. Real model files are too large to carry to a GPU
 //! machine; this produces a same-shaped one there, and tiny ones for tests
 //! (llama with or without Llama 3 rope scaling, qwen2, and the Qwen3 family:
-//! qwen3, qwen3moe, qwen35, qwen35moe).
+//! qwen3, qwen3moe, the Qwen3-VL language models qwen3vl and qwen3vlmoe, qwen35,
+//! qwen35moe).
 //!
 //! The numbers are random, so the text is gibberish, but every byte a real model
 //! of that shape moves is moved: speed measurements hold, and CPU/GPU comparisons

@@ -14,6 +14,12 @@ pub enum SynthArch {
     Qwen3,
     /// Qwen3 MoE (Qwen3-30B-A3B): Qwen3 attention, routed experts, no shared expert.
     Qwen3moe,
+    /// Qwen3-VL dense language model: Qwen3 with interleaved M-RoPE and
+    /// deepstack inputs (pair it with a projector file for images).
+    Qwen3vl,
+    /// Qwen3-VL MoE language model: Qwen3 MoE with Qwen3-VL's M-RoPE and
+    /// deepstack inputs.
+    Qwen3vlmoe,
     /// Qwen3.5 dense hybrid: gated DeltaNet layers with a gated full-attention
     /// layer every `full_attention_interval`, interleaved M-RoPE.
     Qwen35,
@@ -36,6 +42,8 @@ impl SynthArch {
             SynthArch::Llama => "llama",
             SynthArch::Qwen2 => "qwen2",
             SynthArch::Qwen3 => "qwen3",
+            SynthArch::Qwen3vl => "qwen3vl",
+            SynthArch::Qwen3vlmoe => "qwen3vlmoe",
             SynthArch::Qwen3moe => "qwen3moe",
             SynthArch::Qwen35 => "qwen35",
             SynthArch::Qwen35moe => "qwen35moe",
@@ -54,6 +62,8 @@ impl SynthArch {
         match self {
             SynthArch::Llama | SynthArch::Qwen2 => Preset::S135m,
             SynthArch::Qwen3 => Preset::Qwen3_0_6b,
+            SynthArch::Qwen3vl => Preset::Qwen3vlTiny,
+            SynthArch::Qwen3vlmoe => Preset::Qwen3vlmoeTiny,
             SynthArch::Qwen3moe => Preset::Qwen3_30bA3b,
             SynthArch::Qwen35 => Preset::Qwen35_0_8b,
             SynthArch::Qwen35moe => Preset::Qwen35_35bA3b,
@@ -151,6 +161,13 @@ pub enum Preset {
     /// Test shape, qwen3moe: qwen3-tiny with 8 experts of 64, 2 used.
     #[value(name = "qwen3moe-tiny")]
     Qwen3moeTiny,
+    /// Test shape, qwen3vl: qwen3-tiny's shape with Qwen3-VL's rope base (5e6),
+    /// M-RoPE sections and 2 deepstack inputs.
+    #[value(name = "qwen3vl-tiny")]
+    Qwen3vlTiny,
+    /// Test shape, qwen3vlmoe: qwen3vl-tiny with 8 experts of 64, 2 used.
+    #[value(name = "qwen3vlmoe-tiny")]
+    Qwen3vlmoeTiny,
     /// Test shape, qwen35: 128 wide, 8 layers (full attention at 3 and 7), 4/2
     /// heads of 64, DeltaNet 2 K heads and 4 V heads of 32.
     #[value(name = "qwen35-tiny")]
@@ -307,6 +324,8 @@ impl Preset {
             GptOss20b | GptOssTiny => Some(SynthArch::GptOss),
             Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
             Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
+            Qwen3vlTiny => Some(SynthArch::Qwen3vl),
+            Qwen3vlmoeTiny => Some(SynthArch::Qwen3vlmoe),
             Qwen35_0_8b | Qwen35_2b | Qwen35_4b | Qwen35_9b | Qwen35_27b | Qwen35Tiny => {
                 Some(SynthArch::Qwen35)
             }
@@ -489,6 +508,18 @@ impl Preset {
                 ..qwen35(2048, 40, 16, 2, 256, 0, 248_320, gdn(128, 16, 32))
             },
             Qwen3Tiny => qwen3(128, 4, 4, 2, 64, 384, 151_936),
+            // HF Qwen3-VL text_config: rope_theta 5e6, 262144 positions.
+            Qwen3vlTiny => Shape {
+                rope_base: 5e6,
+                n_ctx: 262_144,
+                ..qwen3(128, 4, 4, 2, 64, 384, 151_936)
+            },
+            Qwen3vlmoeTiny => Shape {
+                rope_base: 5e6,
+                n_ctx: 262_144,
+                moe: moe(8, 2, 64, None),
+                ..qwen3(128, 4, 4, 2, 64, 384, 151_936)
+            },
             Qwen3moeTiny => Shape {
                 moe: moe(8, 2, 64, None),
                 ..qwen3(128, 4, 4, 2, 64, 384, 151_936)

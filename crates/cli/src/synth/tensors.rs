@@ -67,6 +67,14 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
             w.set(&k("rope.dimension_count"), u(sh.n_rot));
         }
         SynthArch::Qwen3 | SynthArch::Qwen3moe | SynthArch::GptOss => {}
+        SynthArch::Qwen3vl | SynthArch::Qwen3vlmoe => {
+            let sections = mrope_sections((sh.n_rot / 2) as i32);
+            w.set(
+                &k("rope.dimension_sections"),
+                Value::Array(ArrayValue::I32(sections)),
+            )
+            .set(&k("n_deepstack_layers"), u(QWEN3VL_DEEPSTACK));
+        }
         SynthArch::Qwen35 | SynthArch::Qwen35moe => {
             // Text positions are equal in all sections, so only their sum (the
             // rotated pairs, n_rot / 2) matters to the numbers.
@@ -138,6 +146,10 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
         .set(&k("attention.temperature_scale"), Value::F32(y.temp_scale));
     }
 }
+
+/// Deepstack inputs of a synthetic qwen3vl model: the deepstack layers of the
+/// tiny projector the vision tests pair it with (scripts/fixtures/vision_fixtures.py).
+const QWEN3VL_DEEPSTACK: u64 = 2;
 
 /// Splits `half` rotated pairs into the 3 used M-RoPE sections like Qwen3.5's
 /// [11, 11, 10, 0] (= 32): as equal as possible, the remainder on the first ones.

@@ -9,3 +9,5 @@ pub(crate) mod qwen3;
 pub(crate) mod qwen35;
 pub(crate) mod qwen35moe;
 pub(crate) mod qwen3moe;
+pub(crate) mod qwen3vl;
+pub(crate) mod qwen3vlmoe;

@@ -93,7 +93,9 @@ impl Qwen3 {
     /// Builds the step graph; returns logits `[n_vocab, n_outputs]`.
     pub fn build<'a>(&self, b: &mut Builder<'a>) -> Tensor<'a> {
         let hp = b.hp;
-        let mut x = b.embed(self.emb.tok_embd, None);
+        // Qwen3-VL: image rows take their embeddings, and the first layers'
+        // outputs their deepstack features (no-ops for text).
+        let mut x = b.embed_inputs(self.emb.tok_embd);
         for (il, l) in self.layers.iter().enumerate() {
             let h = b.rms_norm(x, l.attn_norm);
             let q = b.heads(b.linear(l.wq, h, None), hp.n_head, hp.head_dim);
@@ -111,7 +113,7 @@ impl Qwen3 {
             let h = b.ctx.add(a, residual);
             let h2 = b.rms_norm(h, l.ffn_norm);
             let f = l.ffn.build(b, h2);
-            x = b.ctx.add(f, h);
+            x = b.deepstack(b.ctx.add(f, h), il);
         }
         let x = b.rms_norm(x, self.emb.output_norm);
         b.linear(self.emb.output, x, None)

@@ -41,6 +41,18 @@ impl Writer {
         self.key(k, 6);
         self.kv.extend(v.to_le_bytes());
     }
+    pub fn bool(&mut self, k: &str, v: bool) {
+        self.key(k, 7);
+        self.kv.push(u8::from(v));
+    }
+    pub fn f32_array(&mut self, k: &str, v: &[f32]) {
+        self.key(k, 9);
+        self.kv.extend(6u32.to_le_bytes());
+        self.kv.extend((v.len() as u64).to_le_bytes());
+        for x in v {
+            self.kv.extend(x.to_le_bytes());
+        }
+    }
     pub fn i32_array(&mut self, k: &str, v: &[i32]) {
         self.key(k, 9);
         self.kv.extend(5u32.to_le_bytes());
