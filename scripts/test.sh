@@ -57,6 +57,8 @@ step "python sdk (maturin, pytest)" bash scripts/python-sdk.sh
 python3 -m pip install -q --disable-pip-version-check openai anthropic ollama pytest httpx jsonschema
 if [ -x "$CARGO_TARGET_DIR/release/tempo9" ]; then
     TEMPO9_BIN="$CARGO_TARGET_DIR/release/tempo9" step "e2e (pytest)" python3 -m pytest -q tests/e2e
+    # Every command of the manual and README run (or covered by a named test), every relative link resolved.
+    TEMPO9_BIN="$CARGO_TARGET_DIR/release/tempo9" step "docs (check-docs.py)" python3 scripts/check-docs.py
 else
     failed+=("e2e (pytest): no tempo9 binary")
 fi

@@ -40,7 +40,9 @@ def test_access_flags_reach_the_server():
 
 def test_default_logs_hold_no_prompt_or_completion_text():
     env = {k: v for k, v in os.environ.items() if k != "TEMPO9_LOG"}
-    s = Server(SMOL, [], env=env)
+    # Strict names: an unknown model is an error echoing the name (by default it
+    # would be answered, and the name logged as the mapping, by design).
+    s = Server(SMOL, ["--strict-model-names"], env=env)
     secret = "zebra-secret-4711"
     try:
         msgs = [{"role": "user", "content": "Repeat after me: %s %s" % (secret, secret)}]

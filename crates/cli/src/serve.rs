@@ -62,10 +62,16 @@ pub struct ServeArgs {
     /// Another name clients may use for the model (repeatable).
     #[arg(long, value_name = "NAME")]
     pub alias: Vec<String>,
-    /// Answer requests whatever model they name (for agents with hard-coded names)
-    /// instead of 404 for unknown names.
-    #[arg(long)]
+    /// Answer requests whatever model they name, even the name of another local
+    /// model (an Ollama store entry or a GGUF file beside `--gguf`), which is a
+    /// 404 by default.
+    #[arg(long, conflicts_with = "strict_model_names")]
     pub any_model: bool,
+    /// Answer only requests naming the served model or an `--alias` (404 for
+    /// others). By default a request naming an unknown model (an agent's own
+    /// `claude-…`, `gpt-…`) is answered by the served model, logged once per name.
+    #[arg(long)]
+    pub strict_model_names: bool,
     /// Largest request body, e.g. `32M` (413 above).
     #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = parse_bytes)]
     pub max_body: usize,
@@ -201,6 +207,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         model_name: name,
         aliases: a.alias,
         any_model: a.any_model,
+        strict_model_names: a.strict_model_names,
+        local_models: tempo9_server::model_names::LocalModels {
+            ollama_root: Some(ollama_store::default_root()),
+            gguf_dir: gguf.parent().map(PathBuf::from),
+        },
         max_body_bytes: a.max_body,
         max_tokens: a.max_tokens,
         max_concurrent: a.max_concurrent.max(1),

@@ -398,10 +398,8 @@ pub async fn messages(
         prediction: None,
     };
     let stream = v["stream"].as_bool().unwrap_or(false);
-    let model = v["model"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| st.config.model_name.clone());
+    // The real name, whatever the request named (see `model_names`).
+    let model = st.config.model_name.clone();
     let (prepared, slot) = st
         .blocking(F, slot, move |st, c| {
             st.prepare_cancellable(F, prompt, params, true, c)

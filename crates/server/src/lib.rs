@@ -17,6 +17,7 @@ pub mod chat;
 pub mod error;
 mod listen;
 pub mod metrics;
+pub mod model_names;
 pub mod ollama;
 pub mod ollama_store;
 pub mod openai;
@@ -72,8 +73,14 @@ pub struct ServerConfig {
     pub model_name: String,
     /// Other names requests may use for the model.
     pub aliases: Vec<String>,
-    /// Serve requests naming any model (agents that hard-code model names).
+    /// Answer requests naming any model, other local models' names included.
     pub any_model: bool,
+    /// Answer only the served name and its aliases (404 for others); by
+    /// default unknown names are answered by the served model (see
+    /// [`model_names`]).
+    pub strict_model_names: bool,
+    /// Other models on this machine, whose names stay a 404.
+    pub local_models: model_names::LocalModels,
     /// Largest request body in bytes (413 above).
     pub max_body_bytes: usize,
     /// Cap on generated tokens per request (`None`: the context limit; a
@@ -111,6 +118,8 @@ impl Default for ServerConfig {
             model_name: "tempo9".into(),
             aliases: Vec::new(),
             any_model: false,
+            strict_model_names: false,
+            local_models: model_names::LocalModels::default(),
             max_body_bytes: 32 << 20,
             max_tokens: None,
             max_concurrent: DEFAULT_MAX_CONCURRENT,
@@ -264,6 +273,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Generations in flight, for the status page.
     pub status: Arc<status::StatusRegistry>,
+    /// What requests' model names mean.
+    pub names: model_names::ModelNames,
     /// Generation requests in flight.
     slots: Arc<Semaphore>,
     /// When the server started.
@@ -283,6 +294,7 @@ impl AppState {
         let think = crate::tools::think::detect(template.source())
             && !matches!(tool_format, ToolFormat::Harmony | ToolFormat::Gemma4);
         Ok(AppState {
+            names: names_of(&config, None),
             slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
             engine,
             template,
@@ -299,32 +311,15 @@ impl AppState {
     /// Sets the model file's path (for size and modification time).
     pub fn with_path(mut self, path: PathBuf) -> Self {
         let gguf = self.engine.model().gguf().clone();
+        self.names = names_of(&self.config, Some(&path));
         self.info = ModelInfo::from_gguf(&gguf, path);
         self
     }
 
-    /// Checks a request's `model` field: the served name, an alias, or absent.
+    /// Checks a request's `model` field: absent, served, or answered by the
+    /// served model (see [`model_names`]); 404 for names it refuses.
     pub fn check_model(&self, family: Family, model: Option<&str>) -> Result<(), ApiError> {
-        let Some(m) = model.map(str::trim).filter(|m| !m.is_empty()) else {
-            return Ok(());
-        };
-        let strip = |s: &str| s.strip_suffix(":latest").unwrap_or(s).to_string();
-        let m = strip(m);
-        let known = self.config.any_model
-            || strip(&self.config.model_name) == m
-            || self.config.aliases.iter().any(|a| strip(a) == m);
-        if known {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                family,
-                ErrorKind::NotFound,
-                format!(
-                    "model '{m}' not found; this server serves '{}'",
-                    self.config.model_name
-                ),
-            ))
-        }
+        self.names.check(family, model)
     }
 
     /// A slot for one generation request, or 429 (Anthropic: 529) when the
@@ -340,6 +335,21 @@ impl AppState {
                 ),
             )
         })
+    }
+}
+
+/// The model-name rules of `config`; other local models count once the
+/// served file's `path` is known.
+fn names_of(config: &ServerConfig, path: Option<&std::path::Path>) -> model_names::ModelNames {
+    let names = model_names::ModelNames::new(
+        &config.model_name,
+        &config.aliases,
+        config.strict_model_names,
+        config.any_model,
+    );
+    match path {
+        Some(p) => names.with_local(config.local_models.clone(), p),
+        None => names,
     }
 }
 

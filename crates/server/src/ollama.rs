@@ -187,10 +187,8 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let params = params_of(&v)?;
     let stream = v["stream"].as_bool().unwrap_or(true);
-    let model = v["model"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| st.config.model_name.clone());
+    // The real name, whatever the request named (see `model_names`).
+    let model = st.config.model_name.clone();
     let (prepared, slot) = st
         .blocking(F, slot, move |st, c| {
             st.prepare_cancellable(F, prompt, params, true, c)
@@ -342,7 +340,7 @@ pub async fn chat(
         st.check_model(F, v["model"].as_str())?;
         let messages = to_openai_messages(&v)?;
         if messages.is_empty() {
-            return Ok(load_response(v["model"].as_str().unwrap_or(""), true));
+            return Ok(load_response(&st.config.model_name, true));
         }
         let tools = chat_tools(&v, F)?;
         let prompt = Prompt::Chat {
@@ -373,7 +371,7 @@ pub async fn generate(
             _ => return Err(ApiError::bad(F, "'prompt' must be a string")),
         };
         if text.is_empty() {
-            return Ok(load_response(v["model"].as_str().unwrap_or(""), false));
+            return Ok(load_response(&st.config.model_name, false));
         }
         let prompt = if v["raw"].as_bool().unwrap_or(false) {
             Prompt::Text(text)

@@ -753,7 +753,13 @@ pub async fn model(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     st.check_model(F, Some(&name))?;
-    Ok(axum::Json(model_entry(&st, &name)).into_response())
+    // An alias is listed under its own name; any other name answered by the
+    // served model shows the real one.
+    let id = match st.names.resolve(Some(&name)) {
+        crate::model_names::Resolution::Served => name.as_str(),
+        _ => st.config.model_name.as_str(),
+    };
+    Ok(axum::Json(model_entry(&st, id)).into_response())
 }
 
 #[cfg(test)]

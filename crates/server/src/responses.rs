@@ -122,6 +122,9 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                             reasoning = Some(text);
                         }
                     }
+                    // Tools sent as an input item (Codex with its own default
+                    // models): offered by `to_tools`, no message.
+                    "additional_tools" => {}
                     t => {
                         return Err(ApiError::bad_param(
                             F,
@@ -144,12 +147,18 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
-/// Responses function tools (`{type: "function", name, parameters}`) → chat tools.
-/// Built-in tools (web search, …) cannot run here and are skipped.
+/// Responses function tools (`{type: "function", name, parameters}`) → chat tools,
+/// from `tools` and from `additional_tools` input items (where Codex puts them
+/// for its own default models). Built-in, custom (free-form) and namespaced
+/// tools cannot be called here and are skipped.
 pub fn to_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
-    let Some(arr) = v["tools"].as_array() else {
-        return Ok(Vec::new());
-    };
+    let items = v["input"].as_array().into_iter().flatten();
+    let extra = items.filter(|it| it["type"] == "additional_tools");
+    let arr = v["tools"]
+        .as_array()
+        .into_iter()
+        .chain(extra.filter_map(|it| it["tools"].as_array()))
+        .flatten();
     let mut out = Vec::new();
     for t in arr {
         // Deferred tools are only reachable through tool search, which is not run here.
@@ -583,6 +592,26 @@ mod tests {
             tool_choice(&json!({"tool_choice": {"type": "function", "name": "f"}})).unwrap(),
             ToolChoice::Named("f".into())
         );
+    }
+
+    #[test]
+    fn additional_tools_items() {
+        // Codex's request for its own default model: tools in an input item.
+        let v = json!({"input": [
+            {"type": "additional_tools", "role": "developer", "tools": [
+                {"type": "function", "name": "h", "parameters": {"type": "object"}},
+                {"type": "custom", "name": "exec", "format": {"type": "grammar"}},
+                {"type": "namespace", "name": "clock", "tools": [{"type": "function", "name": "sleep"}]}]},
+            {"role": "user", "content": "Hi"}],
+            "tools": [{"type": "function", "name": "f"}]});
+        let names: Vec<Value> = to_tools(&v)
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].clone())
+            .collect();
+        assert_eq!(names, [json!("f"), json!("h")]);
+        let m = to_messages(&v).unwrap();
+        assert_eq!(m, [json!({"role": "user", "content": "Hi"})]);
     }
 
     #[test]
