@@ -683,14 +683,23 @@ impl SsdTier {
                         "KV SSD tier: index loaded")
                 }
                 Err(why) => {
-                    if why != "no index" {
-                        tracing::warn!(dir = %tier.dir.display(), %why, "KV SSD tier: index unusable; starting empty");
-                    }
                     tier.index.clear();
                     tier.lru.clear();
                     tier.held = [0; KINDS];
                     tier.held_bytes = [0; KINDS];
-                    tier.remove_entry_files();
+                    if why == "no index" {
+                        // The last run was killed (or never stopped cleanly): the
+                        // files describe themselves; keep the whole ones of this model.
+                        let (kept, removed) = tier.recover_from_files();
+                        if kept + removed > 0 {
+                            tracing::warn!(dir = %tier.dir.display(), kept, removed,
+                                "KV SSD tier: no index (the last run did not stop cleanly); entries recovered from their files");
+                        }
+                    } else {
+                        // A corrupt or foreign index: trust none of it.
+                        tracing::warn!(dir = %tier.dir.display(), %why, "KV SSD tier: index unusable; starting empty");
+                        tier.remove_entry_files();
+                    }
                 }
             }
             // A crash from here on leaves no index that could outlive its files.
