@@ -1279,6 +1279,18 @@ impl SsdTier {
         self.window_bytes
     }
 
+    /// Whether writes are queued or in flight whose completion this tier has not
+    /// taken in yet (its counters still show them pending).
+    pub fn has_pending_writes(&self) -> bool {
+        self.pending.iter().any(|&n| n > 0)
+    }
+
+    /// Takes in the writes the I/O thread finished, without waiting: an idle engine
+    /// calls it so the counters (pending pages, bytes) come back to rest.
+    pub fn poll_writes(&mut self) {
+        self.drain_done();
+    }
+
     /// Waits until every queued write and delete is done.
     pub fn flush(&mut self) {
         if let Some(j) = &self.jobs {

@@ -921,3 +921,26 @@ fn a_killed_tier_is_recovered_from_its_files_page_by_page() {
     drop(t);
     drop(dir);
 }
+
+#[test]
+fn polling_an_idle_tier_settles_its_pending_writes() {
+    // Found by the soak (bench/soak): an idle engine never took in its last write,
+    // and /metrics showed a page pending forever. The engine thread now polls.
+    let dir = tmpdir("settle");
+    let mut t = open(cfg(&dir));
+    let ch = chain(&[1, 2, 3, 4]);
+    t.save(&ch[0], data(0));
+    assert!(t.has_pending_writes());
+    let t0 = std::time::Instant::now();
+    while t.has_pending_writes() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "write never settled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        t.poll_writes();
+    }
+    assert_eq!((t.stats().pending_pages, t.stats().pages), (0, 1));
+    drop(t);
+    drop(dir);
+}
