@@ -474,6 +474,7 @@ def client_loop(i, args, base, key, model, deadline, tally):
     while time.time() < deadline:
         r = rng.random()
         t = time.time()
+        call = None
         try:
             if r < 0.06:
                 mid_prefill = rng.random() < 0.5
@@ -507,7 +508,8 @@ def client_loop(i, args, base, key, model, deadline, tally):
             s = status_of(e)
             # Overload answers are expected above the server's capacity, not errors.
             expected = s in (429, 529)
-            tally.add("failed", s, error=None if expected else "%s %r" % (s, str(e)[:300]))
+            what = "%s%s" % (call["api"], "_stream" if call["stream"] else "") if call else "raw"
+            tally.add("failed", s, error=None if expected else "%s %s %r" % (what, s, str(e)[:300]))
 
 
 def percentile(xs, q):
