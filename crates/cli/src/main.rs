@@ -40,7 +40,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI, Anthropic and Ollama HTTP APIs (the default command).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Generate from a prompt (or chat interactively when no prompt is given).
     Run(chat::RunArgs),
     /// Measure prompt processing and generation speed (JSON on stdout).
@@ -366,7 +366,7 @@ fn main() {
         }
     };
     let result = match cli.command {
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Run(a) => chat::run(a),
         Command::Bench(a) => bench::run(a),
         Command::SynthGguf(a) => synth::run(a),

@@ -83,6 +83,13 @@ pub struct ServeArgs {
     /// body to their last token (429, Anthropic 529, with `Retry-After`, above).
     #[arg(long, value_name = "N", default_value_t = tempo9_server::DEFAULT_MAX_CONCURRENT)]
     pub max_concurrent: usize,
+    /// Most tokens of the generation requests in flight together, each counted as its
+    /// prompt plus its output budget (429, Anthropic 529, with `Retry-After`, above).
+    /// Bounds the KV memory that admitted requests can claim; a request's output
+    /// budget shrinks to fit the limit, and a prompt longer than it gets a 400.
+    /// Default: no limit
+    #[arg(long, value_name = "N")]
+    pub max_total_tokens: Option<usize>,
     /// Most requests waiting in the engine's queue (429, Anthropic 529, above).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_waiting: usize,
@@ -215,6 +222,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_body_bytes: a.max_body,
         max_tokens: a.max_tokens,
         max_concurrent: a.max_concurrent.max(1),
+        max_total_tokens: a.max_total_tokens.filter(|&n| n > 0),
         volatile_prefixes: a
             .strip_system_line
             .into_iter()

@@ -234,13 +234,27 @@ fn run_loop(
     loop {
         if !core.has_work() {
             publish(core);
-            match rx.recv() {
+            // SSD writes still in flight: wake now and then to take them in, so the
+            // idle engine's counters settle (pending pages back to 0).
+            let cmd = if core.background_pending() {
+                match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                    Ok(cmd) => Ok(cmd),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        core.poll_background();
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
+                }
+            } else {
+                rx.recv().map_err(|_| ())
+            };
+            match cmd {
                 Ok(cmd) => {
                     if let Some(ack) = handle(core, cmd) {
                         return Some(ack);
                     }
                 }
-                Err(_) => return None,
+                Err(()) => return None,
             }
         }
         while let Ok(cmd) = rx.try_recv() {

@@ -385,7 +385,23 @@ impl AppState {
                 ),
             ));
         }
-        let room = ctx - tokens.len();
+        let mut room = ctx - tokens.len();
+        if let Some(limit) = self.config.max_total_tokens {
+            // Prompt plus output must fit the server-wide limit even when nothing
+            // else runs; the output budget shrinks to fit, as it does to the context.
+            if tokens.len() >= limit {
+                return Err(ApiError::new(
+                    family,
+                    ErrorKind::ContextOverflow,
+                    format!(
+                        "the prompt has {} tokens; this server admits at most {limit} tokens \
+                         (prompt + output) at once (--max-total-tokens)",
+                        tokens.len()
+                    ),
+                ));
+            }
+            room = room.min(limit - tokens.len());
+        }
         let cap = self.config.max_tokens.unwrap_or(usize::MAX);
         let max_tokens = output_budget(params.max_tokens, room, cap);
         if params.max_tokens == Some(0) {
@@ -615,6 +631,7 @@ impl AppState {
         if let Some(c) = p.constraint {
             req.constraint = Some(Box::new(c));
         }
+        let tokens_held = self.reserve_tokens(family, prompt_tokens + p.max_tokens)?;
         // Submitting only queues the request (it never waits for the engine thread).
         let stream = self
             .engine
@@ -662,6 +679,7 @@ impl AppState {
             format: p.format,
             think: p.reasoning.is_some(),
             status,
+            _tokens_held: tokens_held,
         })
     }
 }
@@ -780,6 +798,8 @@ pub struct Generation {
     think: bool,
     /// Its entry on the status page, removed when the generation is dropped.
     status: crate::status::StatusGuard,
+    /// Its share of `--max-total-tokens`, given back when the generation is dropped.
+    _tokens_held: crate::TokenReservation,
 }
 
 impl Generation {

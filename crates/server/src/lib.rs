@@ -88,6 +88,9 @@ pub struct ServerConfig {
     pub max_tokens: Option<usize>,
     /// Most generation requests in flight in the server (429 / 529 above).
     pub max_concurrent: usize,
+    /// Most tokens (prompt plus output budget) of the generations in flight
+    /// together (`--max-total-tokens`; 429 / 529 above); `None`: no limit.
+    pub max_total_tokens: Option<usize>,
     /// System-prompt lines starting with one of these are removed (per-request
     /// volatile text that would defeat prefix caching).
     pub volatile_prefixes: Vec<String>,
@@ -123,6 +126,7 @@ impl Default for ServerConfig {
             max_body_bytes: 32 << 20,
             max_tokens: None,
             max_concurrent: DEFAULT_MAX_CONCURRENT,
+            max_total_tokens: None,
             volatile_prefixes: vec!["x-anthropic-billing-header:".into()],
             digest: None,
             chat_template: None,
@@ -277,6 +281,9 @@ pub struct AppState {
     pub names: model_names::ModelNames,
     /// Generation requests in flight.
     slots: Arc<Semaphore>,
+    /// Tokens (prompt plus output budget) of the generations in flight, counted
+    /// against [`ServerConfig::max_total_tokens`].
+    admitted_tokens: Arc<std::sync::atomic::AtomicUsize>,
     /// When the server started.
     pub started: Instant,
 }
@@ -296,6 +303,7 @@ impl AppState {
         Ok(AppState {
             names: names_of(&config, None),
             slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+            admitted_tokens: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             engine,
             template,
             tool_format,
@@ -320,6 +328,45 @@ impl AppState {
     /// served model (see [`model_names`]); 404 for names it refuses.
     pub fn check_model(&self, family: Family, model: Option<&str>) -> Result<(), ApiError> {
         self.names.check(family, model)
+    }
+
+    /// Takes `n` tokens (a request's prompt plus output budget) of the server-wide
+    /// token limit until the returned reservation is dropped, or 429 (Anthropic:
+    /// 529) when the generations in flight already hold too many. `n` is at most
+    /// the limit ([`crate::chat`] shortens output budgets to fit it).
+    pub fn reserve_tokens(&self, family: Family, n: usize) -> Result<TokenReservation, ApiError> {
+        use std::sync::atomic::Ordering;
+        let Some(limit) = self.config.max_total_tokens else {
+            return Ok(TokenReservation {
+                counter: None,
+                n: 0,
+            });
+        };
+        self.admitted_tokens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + n <= limit).then_some(held + n)
+            })
+            .map_err(|held| {
+                ApiError::new(
+                    family,
+                    ErrorKind::Overloaded,
+                    format!(
+                        "the server's token limit is taken: {held} of {limit} tokens (prompts plus \
+                         output budgets) are in flight and this request needs {n} \
+                         (--max-total-tokens)"
+                    ),
+                )
+            })?;
+        Ok(TokenReservation {
+            counter: Some(self.admitted_tokens.clone()),
+            n,
+        })
+    }
+
+    /// Tokens of the server-wide limit held by generations in flight now.
+    pub fn admitted_tokens(&self) -> usize {
+        self.admitted_tokens
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A slot for one generation request, or 429 (Anthropic: 529) when the
@@ -446,6 +493,23 @@ pub fn sse_event(name: &str, v: &Value) -> Bytes {
 /// its `/v1/status` requests, which need it like every API route).
 fn open_path(path: &str) -> bool {
     path == "/health" || path == "/"
+}
+
+/// A generation's share of the server-wide token limit
+/// ([`AppState::reserve_tokens`]), given back when dropped (the generation ended,
+/// or its client left).
+#[derive(Debug)]
+pub struct TokenReservation {
+    counter: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    n: usize,
+}
+
+impl Drop for TokenReservation {
+    fn drop(&mut self) {
+        if let Some(c) = &self.counter {
+            c.fetch_sub(self.n, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
 }
 
 /// Routes whose requests render a prompt: they take a generation slot

@@ -335,6 +335,65 @@ async fn a_full_server_answers_429_and_anthropic_529_with_retry_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_wide_token_limit_answers_429_and_529_and_comes_back() {
+    let cfg = ServerConfig {
+        max_total_tokens: Some(600),
+        ..ServerConfig::default()
+    };
+    let Some(addr) = start(cfg).await else { return };
+    let json = "\r\nHost: 127.0.0.1\r\nContent-Type: application/json";
+    // A prompt longer than the limit can never be admitted: 400, not 429.
+    let long = format!(
+        r#"{{"messages":[{{"role":"user","content":"{}"}}],"max_tokens":1}}"#,
+        "word ".repeat(700)
+    );
+    let a = raw(
+        &addr,
+        &format!("POST /v1/chat/completions HTTP/1.1{json}"),
+        &long,
+    )
+    .await;
+    assert_eq!(a.status, 400, "{a:?}");
+    assert!(a.body.contains("--max-total-tokens"), "{}", a.body);
+    // max_tokens 2000 shrinks to what the limit leaves: the request takes all 600.
+    let held = hold_slot(&addr).await;
+    let a = raw(
+        &addr,
+        &format!("POST /v1/chat/completions HTTP/1.1{json}"),
+        CHAT,
+    )
+    .await;
+    assert_eq!(a.status, 429, "{a:?}");
+    assert!(a.head.contains("retry-after: 1"), "{}", a.head);
+    assert!(a.body.contains("token limit"), "{}", a.body);
+    let msg = r#"{"model":"tempo9","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let a = raw(&addr, &format!("POST /v1/messages HTTP/1.1{json}"), msg).await;
+    assert_eq!(a.status, 529, "{a:?}");
+    assert!(a.body.contains("overloaded_error"), "{}", a.body);
+    let a = raw(&addr, &format!("POST /api/chat HTTP/1.1{json}"), CHAT).await;
+    assert_eq!(a.status, 429, "{a:?}");
+    drop(held);
+    // The tokens come back once the client is gone.
+    let t0 = Instant::now();
+    loop {
+        let a = raw(
+            &addr,
+            &format!("POST /v1/chat/completions HTTP/1.1{json}"),
+            CHAT,
+        )
+        .await;
+        if a.status == 200 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "tokens never given back: {a:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_time_out_and_big_bodies_get_413() {
     let cfg = ServerConfig {
         header_timeout: Duration::from_secs(1),

@@ -922,6 +922,21 @@ impl EngineCore {
         self.queued.clone()
     }
 
+    /// Whether the SSD tier still has writes whose completion the engine has not
+    /// taken in: an idle engine thread then calls [`Self::poll_background`] now and
+    /// then instead of sleeping until the next request.
+    pub fn background_pending(&self) -> bool {
+        self.ssd.as_ref().is_some_and(SsdTier::has_pending_writes)
+    }
+
+    /// Takes in finished SSD writes (without waiting), so the counters of an idle
+    /// engine come back to rest instead of showing the last writes pending forever.
+    pub fn poll_background(&mut self) {
+        if let Some(ssd) = self.ssd.as_mut() {
+            ssd.poll_writes();
+        }
+    }
+
     /// Whether any request is waiting, loading or running.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty() || !self.loading.is_empty()

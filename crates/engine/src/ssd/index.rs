@@ -31,6 +31,124 @@ impl SsdTier {
         }
     }
 
+    /// Rebuilds the index from the entry files' own headers, for a tier whose
+    /// index is missing (the process was killed: the index is written only at a
+    /// clean shutdown, and removed at start). A file is kept when its header names this model
+    /// and layout, its name matches its hash and its length is whole; its payload's
+    /// checksum is verified when it is read, as always. Partial writes (`.part`)
+    /// and every other entry file are removed. Most recently written entries are
+    /// kept first within the budget. Returns (entries kept, files removed).
+    pub(super) fn recover_from_files(&mut self) -> (usize, usize) {
+        let mut found: Vec<(std::time::SystemTime, Header)> = Vec::new();
+        let mut removed = 0;
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return (0, 0);
+        };
+        for e in rd.flatten() {
+            let path = e.path();
+            let Some(ext) = path.extension().and_then(|x| x.to_str()) else {
+                continue;
+            };
+            let kind = [Kind::Page, Kind::State, Kind::Window]
+                .into_iter()
+                .find(|k| k.ext() == ext);
+            if kind.is_none() && ext != "part" {
+                continue;
+            }
+            let header = kind.and_then(|k| self.entry_header(&path, k));
+            match header {
+                Some(h) => {
+                    let mtime = e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    found.push((mtime, h));
+                }
+                None => {
+                    if fs::remove_file(&path).is_ok() {
+                        removed += 1;
+                    }
+                }
+            }
+        }
+        found.sort_by_key(|(t, h)| (*t, h.hash));
+        let mut used = 0u64;
+        let mut keep = Vec::new();
+        for (_, header) in found.into_iter().rev() {
+            let file_bytes = header.file_bytes();
+            if used + file_bytes > self.cfg.budget_bytes {
+                let _ = fs::remove_file(entry_path(&self.dir, header.key()));
+                removed += 1;
+                continue;
+            }
+            used += file_bytes;
+            keep.push(header);
+        }
+        let kept = keep.len();
+        for header in keep.into_iter().rev() {
+            self.insert_on_disk(header);
+        }
+        (kept, removed)
+    }
+
+    /// The header of the entry file at `path` of kind `kind`, when it is one of
+    /// this tier's (model, page size, entry size, name, whole length).
+    fn entry_header(&self, path: &Path, kind: Kind) -> Option<Header> {
+        let hash = u64::from_str_radix(path.file_stem()?.to_str()?, 16).ok()?;
+        let (payload_len, tokens) = match kind {
+            Kind::Page => (self.page_bytes as u64, self.page_tokens),
+            Kind::State => (self.state_bytes as u64, 0),
+            Kind::Window => (self.window_bytes as u64, 0),
+        };
+        if payload_len == 0 {
+            return None;
+        }
+        let mut f = files::open_read(path).ok()?;
+        let len = f.metadata().ok()?.len();
+        let mut want = Header {
+            kind,
+            model_id: self.model_id,
+            hash,
+            parent_hash: 0,
+            salt: 0,
+            tokens: vec![0; tokens].into(),
+            payload_len,
+        };
+        let mut head = vec![0u8; want.bytes().len()];
+        f.read_exact(&mut head).ok()?;
+        let u64_at = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+        if kind == Kind::Page {
+            // magic, model, hash, parent, salt, token count, tokens, payload length
+            want.parent_hash = u64_at(24);
+            want.salt = u64_at(32);
+            want.tokens = head[48..48 + 4 * tokens]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+        }
+        (head == want.bytes() && len == want.file_bytes()).then_some(want)
+    }
+
+    /// Adds an entry whose file is on disk, as the most recently used.
+    fn insert_on_disk(&mut self, header: Header) {
+        let key = header.key();
+        let file_bytes = header.file_bytes();
+        self.tick += 1;
+        self.lru.insert(self.tick, key);
+        self.held[key.0.i()] += 1;
+        self.held_bytes[key.0.i()] += file_bytes;
+        self.index.insert(
+            key,
+            Entry {
+                header,
+                stage: Stage::OnDisk,
+                tick: self.tick,
+                gen: 0,
+                file_bytes,
+            },
+        );
+    }
+
     /// Index file: magic, model id, page tokens, page bytes, state bytes, window
     /// bytes, entry count, entries, then a checksum of everything before it. An entry
     /// is its kind (one byte: 0 page, 1 checkpoint, 2 window) and hash, and for a
@@ -157,22 +275,7 @@ impl SsdTier {
             keep.push(header);
         }
         for header in keep.into_iter().rev() {
-            let key = header.key();
-            let file_bytes = header.file_bytes();
-            self.tick += 1;
-            self.lru.insert(self.tick, key);
-            self.held[key.0.i()] += 1;
-            self.held_bytes[key.0.i()] += file_bytes;
-            self.index.insert(
-                key,
-                Entry {
-                    header,
-                    stage: Stage::OnDisk,
-                    tick: self.tick,
-                    gen: 0,
-                    file_bytes,
-                },
-            );
+            self.insert_on_disk(header);
         }
         Ok(())
     }

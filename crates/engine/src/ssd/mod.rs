@@ -683,14 +683,23 @@ impl SsdTier {
                         "KV SSD tier: index loaded")
                 }
                 Err(why) => {
-                    if why != "no index" {
-                        tracing::warn!(dir = %tier.dir.display(), %why, "KV SSD tier: index unusable; starting empty");
-                    }
                     tier.index.clear();
                     tier.lru.clear();
                     tier.held = [0; KINDS];
                     tier.held_bytes = [0; KINDS];
-                    tier.remove_entry_files();
+                    if why == "no index" {
+                        // The last run was killed (or never stopped cleanly): the
+                        // files describe themselves; keep the whole ones of this model.
+                        let (kept, removed) = tier.recover_from_files();
+                        if kept + removed > 0 {
+                            tracing::warn!(dir = %tier.dir.display(), kept, removed,
+                                "KV SSD tier: no index (the last run did not stop cleanly); entries recovered from their files");
+                        }
+                    } else {
+                        // A corrupt or foreign index: trust none of it.
+                        tracing::warn!(dir = %tier.dir.display(), %why, "KV SSD tier: index unusable; starting empty");
+                        tier.remove_entry_files();
+                    }
                 }
             }
             // A crash from here on leaves no index that could outlive its files.
@@ -1268,6 +1277,18 @@ impl SsdTier {
     /// Bytes of one window entry (0: the tier keeps none).
     pub fn window_bytes(&self) -> usize {
         self.window_bytes
+    }
+
+    /// Whether writes are queued or in flight whose completion this tier has not
+    /// taken in yet (its counters still show them pending).
+    pub fn has_pending_writes(&self) -> bool {
+        self.pending.iter().any(|&n| n > 0)
+    }
+
+    /// Takes in the writes the I/O thread finished, without waiting: an idle engine
+    /// calls it so the counters (pending pages, bytes) come back to rest.
+    pub fn poll_writes(&mut self) {
+        self.drain_done();
     }
 
     /// Waits until every queued write and delete is done.

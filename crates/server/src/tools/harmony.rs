@@ -94,21 +94,24 @@ impl ToolParser for HarmonyParser {
         loop {
             match &self.state {
                 State::Header => {
-                    if let Some(p) = self.buf.find(MESSAGE) {
-                        let header: String = self.buf.drain(..p + MESSAGE.len()).collect();
-                        self.state = State::Body(self.classify(&header));
-                        continue;
-                    }
                     let t = self.buf.trim_start();
                     if t.is_empty() {
                         return;
                     }
+                    // Decided on how the header starts before looking for its end, so
+                    // the answer does not depend on how much output has arrived (a
+                    // later `<|message|>` would otherwise swallow leading text).
                     let header_like = HEADER_STARTS
                         .iter()
                         .any(|m| t.starts_with(m) || (m.starts_with(t)));
                     if !header_like {
                         // Not harmony markup (e.g. a model answering plainly): text.
                         self.state = State::Body(Body::Text);
+                        continue;
+                    }
+                    if let Some(p) = self.buf.find(MESSAGE) {
+                        let header: String = self.buf.drain(..p + MESSAGE.len()).collect();
+                        self.state = State::Body(self.classify(&header));
                         continue;
                     }
                     return;
@@ -183,6 +186,17 @@ mod tests {
         assert_eq!(
             run("<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}"),
             vec![call("f", "{}")]
+        );
+    }
+
+    #[test]
+    fn text_before_a_later_header_stays_text_however_it_arrives() {
+        // Found by fuzzing (crates/fuzz-targets, tool_parsers): whole, the later
+        // `<|message|>` made everything before it one header and dropped the text;
+        // in pieces the same text came out.
+        assert_eq!(
+            run("<|cha|message|>x<|end|><|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"),
+            vec![text("<|cha|message|>x"), call("f", "{}")]
         );
     }
 
