@@ -639,3 +639,13 @@ fn parity_mistral3_tiny_matches_llama_cpp_alone_and_batched() {
 fn parity_gpt_oss_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[6].0, SYNTH_MODELS[6].1);
 }
+
+#[test]
+fn parity_gemma4_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[7].0, SYNTH_MODELS[7].1);
+}
+
+#[test]
+fn parity_gemma4moe_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[8].0, SYNTH_MODELS[8].1);
+}

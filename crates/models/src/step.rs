@@ -366,10 +366,12 @@ impl Model {
                 inp,
                 cpu,
                 invariant,
+                written: Vec::new(),
             };
             let logits: Tensor<'_> = match &model.graphs {
                 Graphs::Llama(g) => g.build(&mut b),
                 Graphs::Gemma3(g) => g.build(&mut b),
+                Graphs::Gemma4(g) => g.build(&mut b),
                 Graphs::Qwen3(g) => g.build(&mut b),
                 Graphs::Qwen35(g) => g.build(&mut b),
                 Graphs::GptOss(g) => g.build(&mut b),
