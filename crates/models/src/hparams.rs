@@ -697,6 +697,9 @@ fn per_layer(
     k: &str,
     n_block: usize,
 ) -> Result<Option<Vec<usize>>, ModelError> {
+    if let Ok(v) = md.get_u32(k) {
+        return Ok(v.map(|v| vec![v as usize; n_block]));
+    }
     if let Some(arr) = md.get_array(k)? {
         let v: Vec<usize> = match (md.get_u32_array(k), md.get_i32_array(k)) {
             (Ok(Some(v)), _) => v.iter().map(|&x| x as usize).collect(),
@@ -717,7 +720,9 @@ fn per_layer(
         }
         return Ok(Some(v));
     }
-    Ok(md.get_u32(k)?.map(|v| vec![v as usize; n_block]))
+    Err(ModelError::BadHParams(format!(
+        "{k}: want an integer or an array of them"
+    )))
 }
 
 /// Gemma 4's layer layout, read as llama.cpp's loader reads it.
