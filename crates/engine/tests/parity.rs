@@ -639,3 +639,21 @@ fn parity_mistral3_tiny_matches_llama_cpp_alone_and_batched() {
 fn parity_gpt_oss_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[6].0, SYNTH_MODELS[6].1);
 }
+
+// Not yet exact: after long prompts some decode steps (the matmul-attention path)
+// part from llama.cpp (top-1 log-probabilities within 0.15 dense, 0.73 MoE, while
+// prompt passes agree within 1.2e-3). Run with `--ignored` while fixing it.
+#[test]
+#[ignore = "gemma4 decode after long prompts differs from llama.cpp (issue 30)"]
+fn parity_gemma4_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[7].0, SYNTH_MODELS[7].1);
+}
+
+// Not yet exact: after long prompts some decode steps (the matmul-attention path)
+// part from llama.cpp (top-1 log-probabilities within 0.15 dense, 0.73 MoE, while
+// prompt passes agree within 1.2e-3). Run with `--ignored` while fixing it.
+#[test]
+#[ignore = "gemma4 decode after long prompts differs from llama.cpp (issue 30)"]
+fn parity_gemma4moe_tiny_matches_llama_cpp_alone_and_batched() {
+    check_model(SYNTH_MODELS[8].0, SYNTH_MODELS[8].1);
+}

@@ -605,6 +605,18 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_sigmoid(c, a.raw()) })
     }
 
+    /// Element-wise hyperbolic tangent.
+    pub fn tanh<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_tanh(c, a.raw()) })
+    }
+
+    /// `a` tiled to shape `ne` (each dimension a multiple of `a`'s).
+    pub fn repeat_4d<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Tensor<'a> {
+        // SAFETY: live tensor; ggml asserts the shapes tile.
+        self.op1(|c| unsafe { sys::ggml_repeat_4d(c, a.raw(), ne[0], ne[1], ne[2], ne[3]) })
+    }
+
     /// Element-wise SiLU, `x * sigmoid(x)`.
     pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: live tensor.

@@ -92,15 +92,18 @@ pub(crate) fn cache_groups(hp: &HParams, swa_full: bool) -> Vec<CacheGroup> {
             },
         ];
     }
+    // Layers that read another layer's K/V (Gemma 4's KV-sharing layers) keep
+    // nothing: they are in no group, and attend in their source's.
+    let owners = || (0..hp.n_layer).filter(|&il| hp.owns_kv(il));
     let all = || CacheGroup {
         kind: GroupKind::Full,
-        layers: (0..hp.n_layer).collect(),
+        layers: owners().collect(),
     };
     let window = match hp.swa_window {
         Some(w) if !swa_full => w as usize,
         _ => return vec![all()],
     };
-    let (sliding, full): (Vec<usize>, Vec<usize>) = (0..hp.n_layer).partition(|&il| hp.is_swa[il]);
+    let (sliding, full): (Vec<usize>, Vec<usize>) = owners().partition(|&il| hp.is_swa[il]);
     if sliding.is_empty() || full.is_empty() {
         return vec![all()];
     }

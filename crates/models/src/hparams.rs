@@ -35,11 +35,16 @@ pub enum Arch {
     /// biases and per-head attention sinks, YaRN, routed experts (MXFP4) with biases,
     /// softmax over the top-k router logits and a clamped SwiGLU.
     GptOss,
+    /// Gemma 4 (text): sliding-window and full layers of different head sizes and
+    /// rope bases, trailing layers that read an earlier layer's K/V, per-layer token
+    /// embeddings (E2B/E4B), final logit soft-capping, and (26B-A4B) routed experts
+    /// beside a dense feed-forward.
+    Gemma4,
 }
 
 impl Arch {
     /// Every supported architecture, in the order error messages list them.
-    pub const ALL: [Arch; 11] = [
+    pub const ALL: [Arch; 12] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Gemma3,
@@ -51,6 +56,7 @@ impl Arch {
         Arch::Qwen35Moe,
         Arch::Mistral3,
         Arch::GptOss,
+        Arch::Gemma4,
     ];
 
     /// The supported architectures' GGUF names, comma-separated.
@@ -77,6 +83,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Mistral3 => "mistral3",
             Arch::GptOss => "gpt-oss",
+            Arch::Gemma4 => "gemma4",
         }
     }
 
@@ -263,6 +270,23 @@ pub struct HParams {
     pub moe: Option<MoeParams>,
     /// Gated-DeltaNet shape, for hybrid models.
     pub ssm: Option<SsmParams>,
+    /// Per layer: key/value heads (Gemma 4's full layers may have fewer than its
+    /// sliding ones; `n_head_kv` is layer 0's).
+    pub n_head_kv_arr: Vec<usize>,
+    /// Per-head key and value dimension of sliding-window layers (Gemma 4's differ
+    /// from the full layers' `head_dim`; equal to it elsewhere).
+    pub head_dim_swa: usize,
+    /// Per layer: feed-forward hidden size (Gemma 4's double-wide MLP in KV-sharing
+    /// layers; `n_ff` elsewhere).
+    pub n_ff_arr: Vec<usize>,
+    /// Per layer: the layer whose K/V it attends over, itself for layers that keep
+    /// their own; a Gemma 4 KV-sharing layer names an earlier layer of its kind and
+    /// owns no cells.
+    pub kv_source: Vec<usize>,
+    /// Width of one layer's per-layer token embedding (Gemma 4 E2B/E4B); 0: none.
+    pub n_embd_per_layer: usize,
+    /// `final_logit_softcapping`: logits become `c * tanh(logits / c)`.
+    pub final_softcap: Option<f32>,
     /// Per layer: whether it is a gated-DeltaNet layer with a recurrent state.
     pub is_recurrent: Vec<bool>,
     /// Trailing multi-token-prediction blocks in the file (loaded by name, not run).
@@ -306,14 +330,19 @@ impl HParams {
         }
         let n_layer = n_block - n_nextn;
         let n_head = req_u32("attention.head_count")?;
-        let n_head_kv = md
-            .get_u32(&key("attention.head_count_kv"))?
-            .map_or(n_head, |v| v as usize);
+        // Key/value heads and feed-forward widths may be given per layer (Gemma 4).
+        let n_head_kv_arr = per_layer(md, &key("attention.head_count_kv"), n_block)?
+            .map_or(vec![n_head; n_layer], |v| v[..n_layer].to_vec());
+        let n_head_kv = n_head_kv_arr[0];
+        let n_ff_key = key("feed_forward_length");
+        let n_ff_arr = per_layer(md, &n_ff_key, n_block)?.map(|v| v[..n_layer].to_vec());
         // MoE files may have no dense feed-forward size.
-        let n_ff = match arch.is_moe() {
-            true => md.get_u32(&key("feed_forward_length"))?.unwrap_or(0) as usize,
-            false => req_u32("feed_forward_length")?,
+        let n_ff = match (&n_ff_arr, arch.is_moe()) {
+            (Some(v), _) => v[0],
+            (None, true) => 0,
+            (None, false) => return Err(ModelError::MissingKey(n_ff_key)),
         };
+        let n_ff_arr = n_ff_arr.unwrap_or_else(|| vec![n_ff; n_layer]);
         let n_ctx_train = req_u32("context_length")?;
         let bad = |what: String| Err(ModelError::BadHParams(what));
         if n_embd == 0
@@ -327,9 +356,9 @@ impl HParams {
         if n_layer > 4096 || n_embd > 1 << 20 || n_ff > 1 << 22 || n_head > 4096 {
             return bad(format!("implausible sizes: n_layer {n_layer}, n_embd {n_embd}, n_ff {n_ff}, n_head {n_head}"));
         }
-        if n_head % n_head_kv != 0 {
+        if let Some(&h) = n_head_kv_arr.iter().find(|&&h| h == 0 || n_head % h != 0) {
             return bad(format!(
-                "head_count {n_head} not a multiple of head_count_kv {n_head_kv}"
+                "head_count {n_head} not a multiple of head_count_kv {h}"
             ));
         }
         let head_dim = md
@@ -343,7 +372,7 @@ impl HParams {
         }
         let rms_eps = match arch {
             // llama.cpp requires the key for these.
-            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe => md
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Gemma4 => md
                 .get_f32(&key("attention.layer_norm_rms_epsilon"))?
                 .ok_or_else(|| ModelError::MissingKey(key("attention.layer_norm_rms_epsilon")))?,
             _ => md
@@ -381,7 +410,12 @@ impl HParams {
         let yarn = yarn_params(md, &key, arch, scaling == "yarn", freq_scale)?;
         let mode = match arch {
             Arch::Llama | Arch::Mistral3 => 0,
-            Arch::Qwen2 | Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => 2,
+            Arch::Qwen2
+            | Arch::Gemma3
+            | Arch::Gemma4
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::GptOss => 2,
             // GGML_ROPE_TYPE_IMROPE: interleaved multi-section rope.
             Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Vl | Arch::Qwen3VlMoe => 40,
         };
@@ -440,6 +474,24 @@ impl HParams {
                 attn_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
             }
         }
+        let mut head_dim_swa = head_dim;
+        let mut kv_source: Vec<usize> = (0..n_layer).collect();
+        let mut n_embd_per_layer = 0;
+        let mut final_softcap = None;
+        if arch == Arch::Gemma4 {
+            let g = gemma4_layout(md, &key, n_layer, n_block)?;
+            is_swa = g.is_swa;
+            kv_source = g.kv_source;
+            swa_window = Some(g.window);
+            head_dim_swa = g.head_dim_swa;
+            rope_swa.freq_base = g.rope_base_swa;
+            rope_swa.freq_scale = 1.0;
+            rope_swa.n_dims = g.n_rot_swa as i32;
+            n_embd_per_layer = g.n_embd_per_layer;
+            final_softcap = g.final_softcap;
+            // Queries and keys are RMS-normed; attention runs unscaled.
+            attn_scale = 1.0;
+        }
         let rope_sections = match arch.is_hybrid() || arch.takes_images() {
             true => {
                 let key_s = key("rope.dimension_sections");
@@ -459,7 +511,9 @@ impl HParams {
             }
             false => None,
         };
-        let moe = match arch.is_moe() {
+        let has_experts =
+            arch.is_moe() || (arch == Arch::Gemma4 && md.get_u32(&key("expert_count"))?.is_some());
+        let moe = match has_experts {
             true => {
                 let n_expert = req_u32("expert_count")?;
                 let n_expert_used = req_u32("expert_used_count")?;
@@ -601,17 +655,68 @@ impl HParams {
             n_nextn,
             attn_temp,
             n_deepstack,
+            n_head_kv_arr,
+            head_dim_swa,
+            n_ff_arr,
+            kv_source,
+            n_embd_per_layer,
+            final_softcap,
         })
     }
 
-    /// K row width of one token in one layer (all KV heads).
+    /// K row width of one token in one layer (all KV heads) of layer 0's shape
+    /// (every layer's unless [`HParams::n_embd_k_of`] says otherwise).
     pub fn n_embd_k(&self) -> usize {
         self.head_dim * self.n_head_kv
     }
 
-    /// V row width of one token in one layer (all KV heads).
+    /// V row width of one token in one layer of layer 0's shape.
     pub fn n_embd_v(&self) -> usize {
         self.head_dim_v * self.n_head_kv
+    }
+
+    /// Per-head key dimension of layer `il`.
+    pub fn head_dim_of(&self, il: usize) -> usize {
+        match self.is_swa[il] && self.arch == Arch::Gemma4 {
+            true => self.head_dim_swa,
+            false => self.head_dim,
+        }
+    }
+
+    /// Per-head value dimension of layer `il`.
+    pub fn head_dim_v_of(&self, il: usize) -> usize {
+        match self.is_swa[il] && self.arch == Arch::Gemma4 {
+            true => self.head_dim_swa,
+            false => self.head_dim_v,
+        }
+    }
+
+    /// Key/value heads of layer `il`.
+    pub fn n_head_kv_of(&self, il: usize) -> usize {
+        self.n_head_kv_arr[il]
+    }
+
+    /// K row width of one token in layer `il`.
+    pub fn n_embd_k_of(&self, il: usize) -> usize {
+        self.head_dim_of(il) * self.n_head_kv_of(il)
+    }
+
+    /// V row width of one token in layer `il`.
+    pub fn n_embd_v_of(&self, il: usize) -> usize {
+        self.head_dim_v_of(il) * self.n_head_kv_of(il)
+    }
+
+    /// Whether layer `il` keeps K/V of its own (not a KV-sharing layer).
+    pub fn owns_kv(&self, il: usize) -> bool {
+        self.kv_source[il] == il
+    }
+
+    /// Bytes of one cell (one token's F16 K and V rows) over `layers`.
+    pub fn cell_bytes(&self, layers: &[usize]) -> usize {
+        layers
+            .iter()
+            .map(|&il| (self.n_embd_k_of(il) + self.n_embd_v_of(il)) * 2)
+            .sum()
     }
 
     /// Rope parameters of layer `il`.
@@ -622,4 +727,129 @@ impl HParams {
             &self.rope
         }
     }
+}
+
+/// A per-layer integer key: `n_block` values from an array, or one value for
+/// every layer; `None` when absent.
+fn per_layer(
+    md: &tempo9_gguf::Metadata,
+    k: &str,
+    n_block: usize,
+) -> Result<Option<Vec<usize>>, ModelError> {
+    if let Ok(v) = md.get_u32(k) {
+        return Ok(v.map(|v| vec![v as usize; n_block]));
+    }
+    if let Some(arr) = md.get_array(k)? {
+        let v: Vec<usize> = match (md.get_u32_array(k), md.get_i32_array(k)) {
+            (Ok(Some(v)), _) => v.iter().map(|&x| x as usize).collect(),
+            (_, Ok(Some(v))) if v.iter().all(|&x| x >= 0) => {
+                v.iter().map(|&x| x as usize).collect()
+            }
+            _ => {
+                return Err(ModelError::BadHParams(format!(
+                    "{k}: an array of {arr:?} entries, want unsigned integers"
+                )))
+            }
+        };
+        if v.len() != n_block {
+            return Err(ModelError::BadHParams(format!(
+                "{k} has {} entries for {n_block} blocks",
+                v.len()
+            )));
+        }
+        return Ok(Some(v));
+    }
+    Err(ModelError::BadHParams(format!(
+        "{k}: want an integer or an array of them"
+    )))
+}
+
+/// Gemma 4's layer layout, read as llama.cpp's loader reads it.
+struct Gemma4Layout {
+    is_swa: Vec<bool>,
+    kv_source: Vec<usize>,
+    window: u32,
+    head_dim_swa: usize,
+    n_rot_swa: usize,
+    rope_base_swa: f32,
+    n_embd_per_layer: usize,
+    final_softcap: Option<f32>,
+}
+
+/// Reads Gemma 4's keys: the per-layer sliding pattern (a bool array), the
+/// sliding layers' head size and rotated dimensions, and the trailing
+/// `attention.shared_kv_layers` layers, which read the K/V of the last layer of
+/// their kind before them (llama.cpp: the last full layer that keeps K/V for a
+/// full layer, the one before it for a sliding one, so those two must be a
+/// sliding then a full layer).
+fn gemma4_layout(
+    md: &tempo9_gguf::Metadata,
+    key: &dyn Fn(&str) -> String,
+    n_layer: usize,
+    n_block: usize,
+) -> Result<Gemma4Layout, ModelError> {
+    let bad = |s: String| Err(ModelError::BadHParams(s));
+    let req = |k: &str| -> Result<usize, ModelError> {
+        md.get_u32(&key(k))?
+            .map(|v| v as usize)
+            .ok_or_else(|| ModelError::MissingKey(key(k)))
+    };
+    let pat_key = key("attention.sliding_window_pattern");
+    let pattern = md
+        .get_bool_array(&pat_key)?
+        .ok_or_else(|| ModelError::MissingKey(pat_key.clone()))?;
+    if pattern.len() != n_block {
+        return bad(format!(
+            "{pat_key} has {} entries for {n_block} blocks",
+            pattern.len()
+        ));
+    }
+    let is_swa = pattern[..n_layer].to_vec();
+    let window = req("attention.sliding_window")?;
+    let head_dim_swa = req("attention.key_length_swa")?;
+    let v_swa = req("attention.value_length_swa")?;
+    if head_dim_swa != v_swa || head_dim_swa == 0 || head_dim_swa % 2 != 0 || head_dim_swa > 1024 {
+        return bad(format!(
+            "sliding head dimension {head_dim_swa}/{v_swa}: want equal, even, at most 1024"
+        ));
+    }
+    if window == 0 {
+        return bad("attention.sliding_window is 0".into());
+    }
+    let n_rot_swa = md
+        .get_u32(&key("rope.dimension_count_swa"))?
+        .map_or(head_dim_swa, |v| v as usize);
+    if n_rot_swa > head_dim_swa || n_rot_swa % 2 != 0 {
+        return bad(format!(
+            "rope.dimension_count_swa {n_rot_swa} with head dim {head_dim_swa}"
+        ));
+    }
+    let n_shared = md.get_u32(&key("attention.shared_kv_layers"))?.unwrap_or(0) as usize;
+    let first_shared = n_layer.saturating_sub(n_shared);
+    let mut kv_source: Vec<usize> = (0..n_layer).collect();
+    if n_shared > 0 {
+        if first_shared < 2 || !is_swa[first_shared - 2] || is_swa[first_shared - 1] {
+            return bad(format!(
+                "{n_shared} KV-sharing layers of {n_layer}: the two layers before them must \
+                 be a sliding then a full layer"
+            ));
+        }
+        for (il, src) in kv_source.iter_mut().enumerate().skip(first_shared) {
+            *src = first_shared - if is_swa[il] { 2 } else { 1 };
+        }
+    }
+    Ok(Gemma4Layout {
+        is_swa,
+        kv_source,
+        window: window as u32,
+        head_dim_swa,
+        n_rot_swa,
+        rope_base_swa: md.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+        n_embd_per_layer: md
+            .get_u32(&key("embedding_length_per_layer_input"))?
+            .unwrap_or(0) as usize,
+        final_softcap: md
+            .get_f32(&key("final_logit_softcapping"))?
+            .filter(|&c| c != 0.0),
+    })
 }

@@ -20,8 +20,11 @@ pub struct KvStore {
     groups: Vec<CacheGroup>,
     /// Cells per group.
     cells: Vec<usize>,
-    /// Each layer's group.
+    /// Each layer's group (a KV-sharing layer's is its source's).
     group_of: Vec<usize>,
+    /// Each layer's K pool in `store` (V is the next one); a KV-sharing layer's
+    /// is its source's.
+    slot: Vec<usize>,
 }
 
 impl KvStore {
@@ -49,7 +52,16 @@ impl KvStore {
     ) -> Result<KvStore, ModelError> {
         let group_of = check_groups(hp, groups, cells)?;
         let mut store = TensorStore::new(2 * hp.n_layer)?;
+        // Pools of the layers that keep K/V, in layer order; the others point at
+        // their source's.
+        let mut slot = vec![usize::MAX; hp.n_layer];
+        let mut layer_of_pool = Vec::new();
         for (il, &g) in group_of.iter().enumerate() {
+            if !hp.owns_kv(il) {
+                continue;
+            }
+            slot[il] = 2 * layer_of_pool.len();
+            layer_of_pool.push(il);
             let n_cells = cells[g] as i64;
             match (&groups[g].kind, hp.ssm) {
                 // A recurrent layer's "K" and "V" are its two states per slot, F32
@@ -70,15 +82,18 @@ impl KvStore {
                     store.add(
                         &format!("cache_k_l{il}"),
                         DType::F16,
-                        &[hp.n_embd_k() as i64, n_cells],
+                        &[hp.n_embd_k_of(il) as i64, n_cells],
                     );
                     store.add(
                         &format!("cache_v_l{il}"),
                         DType::F16,
-                        &[hp.n_embd_v() as i64, n_cells],
+                        &[hp.n_embd_v_of(il) as i64, n_cells],
                     );
                 }
             }
+        }
+        for il in 0..hp.n_layer {
+            slot[il] = slot[hp.kv_source[il]];
         }
         let on_device =
             |il: usize| device.kind() != DeviceKind::Cpu && offload.layer_on_device(il, hp.n_layer);
@@ -86,7 +101,7 @@ impl KvStore {
         // when tokens are written.
         for dev in [true, false] {
             let ids: Vec<usize> = (0..store.len())
-                .filter(|&i| on_device(i / 2) == dev)
+                .filter(|&i| on_device(layer_of_pool[i / 2]) == dev)
                 .collect();
             if ids.is_empty() {
                 continue;
@@ -124,6 +139,7 @@ impl KvStore {
             groups: groups.to_vec(),
             cells: cells.to_vec(),
             group_of,
+            slot,
         })
     }
 
@@ -274,23 +290,23 @@ impl KvStore {
         Ok(())
     }
 
-    /// K pool of layer `il`: `[n_embd_k, n_cells(group_of(il))]`.
+    /// K pool of layer `il`: `[n_embd_k, n_cells(group_of(il))]` (a KV-sharing
+    /// layer's is its source's).
     pub fn k(&self, il: usize) -> Tensor<'_> {
-        assert!(il < self.group_of.len());
-        self.store.get(2 * il)
+        self.store.get(self.slot[il])
     }
 
     /// V pool of layer `il`: `[n_embd_v, n_cells(group_of(il))]`.
     pub fn v(&self, il: usize) -> Tensor<'_> {
-        assert!(il < self.group_of.len());
-        self.store.get(2 * il + 1)
+        self.store.get(self.slot[il] + 1)
     }
 }
 
 /// Checks that `groups` with `cells` fit a model with `hp`; returns each layer's
-/// group. Group 0 is `Full` (a prefix index hangs on it), every layer is in exactly
-/// one group, and a `Sliding` group holds only sliding layers of the model's window
-/// (its pool may be too short for anything else).
+/// group. Group 0 is `Full` (a prefix index hangs on it), every layer that keeps
+/// K/V is in exactly one group and every KV-sharing layer in none (it attends in
+/// its source's), and a `Sliding` group holds only sliding layers of the model's
+/// window (its pool may be too short for anything else).
 fn check_groups(
     hp: &HParams,
     groups: &[CacheGroup],
@@ -331,6 +347,12 @@ fn check_groups(
                     "layer {il} outside the model or in two cache groups"
                 ));
             }
+            if !hp.owns_kv(il) {
+                return bad(format!(
+                    "layer {il} reads layer {}'s K/V but is in cache group {g}",
+                    hp.kv_source[il]
+                ));
+            }
             let recurrent = hp.is_recurrent.get(il).copied().unwrap_or(false);
             let fits = match group.kind {
                 GroupKind::Full => !recurrent,
@@ -349,6 +371,11 @@ fn check_groups(
                 ));
             }
             group_of[il] = g;
+        }
+    }
+    for il in 0..hp.n_layer {
+        if !hp.owns_kv(il) {
+            group_of[il] = group_of[hp.kv_source[il]];
         }
     }
     if let Some(il) = group_of.iter().position(|&g| g == usize::MAX) {

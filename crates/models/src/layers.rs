@@ -92,6 +92,9 @@ pub(crate) struct Builder<'a> {
     /// norm `[n_embd, n_tokens]`, the input of its MTP head (only architectures
     /// with one set it; see [`crate::StepBatch::hidden_rows`]).
     pub hidden: Option<Tensor<'a>>,
+    /// Per layer, its K and V pools as written this step (set by
+    /// [`Builder::attention`]), which a KV-sharing layer reads after them.
+    pub written: Vec<Option<(Tensor<'a>, Tensor<'a>)>>,
 }
 
 /// One query row's attention without flash attention: `q` `[d, 1, n_head]`, `k`
@@ -393,8 +396,8 @@ impl<'a> Builder<'a> {
         let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
         // A view, not a reshape, of the (roped, contiguous) K: ggml-cuda fuses
         // rope → view → set_rows into one kernel (a reshape breaks the pattern).
-        let k_rows = ctx.view(k, &[hp.n_embd_k() as i64, n_t], &[k.nb()[2]], 0);
-        let v_rows = ctx.reshape(v, &[hp.n_embd_v() as i64, n_t]);
+        let k_rows = ctx.view(k, &[hp.n_embd_k_of(il) as i64, n_t], &[k.nb()[2]], 0);
+        let v_rows = ctx.reshape(v, &[hp.n_embd_v_of(il) as i64, n_t]);
         let group = self.kv.group_of(il);
         let slots = self.inp.slots[group];
         // Write first (and make the reads below depend on the writes).
@@ -402,6 +405,44 @@ impl<'a> Builder<'a> {
         let v_all = ctx.set_rows(self.kv.v(il), v_rows, slots);
         self.graph.expand(k_all);
         self.graph.expand(v_all);
+        if self.written.len() < hp.n_layer {
+            self.written.resize(hp.n_layer, None);
+        }
+        self.written[il] = Some((k_all, v_all));
+        self.attend(il, q, k_all, v_all, scale, sinks)
+    }
+
+    /// Attention of a layer that keeps no K/V (Gemma 4's KV-sharing layers): the
+    /// queries attend over the K/V its source layer wrote this step, with that
+    /// layer's cells and masks.
+    pub fn attention_shared(&mut self, il: usize, q: Tensor<'a>, scale: f32) -> Tensor<'a> {
+        let src = self.hp.kv_source[il];
+        let (k_all, v_all) = self
+            .written
+            .get(src)
+            .copied()
+            .flatten()
+            .expect("a KV-sharing layer is built after its source layer");
+        self.attend(il, q, k_all, v_all, scale, None)
+    }
+
+    /// Attends the queries over the pools `k_all`/`v_all` of layer `il`'s group.
+    fn attend(
+        &mut self,
+        il: usize,
+        q: Tensor<'a>,
+        k_all: Tensor<'a>,
+        v_all: Tensor<'a>,
+        scale: f32,
+        sinks: Option<Tensor<'a>>,
+    ) -> Tensor<'a> {
+        let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
+        let group = self.kv.group_of(il);
+        let (hd, hd_v, n_kv_h) = (
+            hp.head_dim_of(il) as i64,
+            hp.head_dim_v_of(il) as i64,
+            hp.n_head_kv_of(il) as i64,
+        );
         let q_nb = q.nb();
         let ops: Vec<AttnInputs<'a>> = self.inp.attn[group].clone();
         let mut outs: Vec<Tensor<'a>> = Vec::with_capacity(ops.len());
@@ -413,22 +454,22 @@ impl<'a> Builder<'a> {
             let rows = op.n_rows as i64;
             let qs = ctx.view(
                 q,
-                &[hp.head_dim as i64, hp.n_head as i64, rows],
+                &[hd, hp.n_head as i64, rows],
                 &[q_nb[1], q_nb[2]],
                 op.row_start * q_nb[2],
             );
             let mask = layer_mask(hp, il, op);
             let ks = self.window(k_all, &op.runs);
-            let ks = ctx.reshape(ks, &[hp.head_dim as i64, hp.n_head_kv as i64, ks.ne()[1]]);
+            let ks = ctx.reshape(ks, &[hd, n_kv_h, ks.ne()[1]]);
             let mut q = ctx.permute(qs, [0, 2, 1, 3]);
             let k = ctx.permute(ks, [0, 2, 1, 3]);
             if let Some(cells) = op.cells {
                 let o = matmul_attention(ctx, q, k, v_all, cells, mask, scale, sinks);
-                outs.push(ctx.reshape(o, &[hp.head_dim_v as i64, hp.n_head as i64, 1]));
+                outs.push(ctx.reshape(o, &[hd_v, hp.n_head as i64, 1]));
                 continue;
             }
             let vs = self.window(v_all, &op.runs);
-            let vs = ctx.reshape(vs, &[hp.head_dim_v as i64, hp.n_head_kv as i64, vs.ne()[1]]);
+            let vs = ctx.reshape(vs, &[hd_v, n_kv_h, vs.ne()[1]]);
             let v = ctx.permute(vs, [0, 2, 1, 3]);
             if op.fa_rows > op.n_rows {
                 // Zero queries after the real ones (their outputs are dropped).
@@ -445,7 +486,7 @@ impl<'a> Builder<'a> {
             });
         }
         let out = self.concat_all(outs, 2);
-        ctx.reshape(out, &[(hp.n_head * hp.head_dim_v) as i64, n_t])
+        ctx.reshape(out, &[hp.n_head as i64 * hd_v, n_t])
     }
 
     /// Decode rows attending in one op over equally spaced regions of the pools
@@ -467,7 +508,7 @@ impl<'a> Builder<'a> {
         let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
         let (first, width) = (op.runs[0].start, op.runs[0].len as i64);
         let n_regions = st.q_rows.ne()[0];
-        let (hd, n_head) = (hp.head_dim as i64, hp.n_head as i64);
+        let (hd, n_head) = (hp.head_dim_of(il) as i64, hp.n_head as i64);
         let q2 = ctx.reshape(q, &[hd * n_head, n_t]);
         let qr = ctx.get_rows(q2, st.q_rows); // [hd * n_head, regions]
         let qr = ctx.reshape(qr, &[hd, n_head, 1, n_regions]);
@@ -475,21 +516,21 @@ impl<'a> Builder<'a> {
             let row = pool.nb()[1];
             let v = ctx.view(
                 pool,
-                &[dim as i64, hp.n_head_kv as i64, width, n_regions],
+                &[dim as i64, hp.n_head_kv_of(il) as i64, width, n_regions],
                 &[dim * pool.nb()[0], row, st.stride * row],
                 first * row,
             );
             ctx.permute(v, [0, 2, 1, 3]) // [dim, width, n_head_kv, regions]
         };
-        let k = regions(k_all, hp.head_dim);
-        let v = regions(v_all, hp.head_dim_v);
+        let k = regions(k_all, hp.head_dim_of(il));
+        let v = regions(v_all, hp.head_dim_v_of(il));
         let mask = layer_mask(hp, il, op);
         let q = ctx.permute(qr, [0, 2, 1, 3]); // [hd, 1, n_head, regions]
         let o = ctx.flash_attn(q, k, v, mask, scale); // [dim_v, n_head, 1, regions]
         if let Some(s) = sinks {
             ctx.flash_attn_add_sinks(o, s);
         }
-        let dv = hp.head_dim_v as i64;
+        let dv = hp.head_dim_v_of(il) as i64;
         let o = ctx.reshape(o, &[dv * n_head, n_regions]);
         let o = ctx.get_rows(o, st.regions); // [dim_v * n_head, rows]
         ctx.reshape(o, &[dv, n_head, op.n_rows as i64])

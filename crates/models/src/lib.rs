@@ -78,6 +78,7 @@ pub enum ModelError {
 enum Graphs {
     Llama(arch::llama::Llama),
     Gemma3(arch::gemma3::Gemma3),
+    Gemma4(arch::gemma4::Gemma4),
     Qwen3(arch::qwen3::Qwen3),
     Qwen35(arch::qwen35::Qwen35),
     GptOss(arch::gpt_oss::GptOss),
@@ -146,6 +147,7 @@ impl Model {
             Arch::Qwen35Moe => Graphs::Qwen35(arch::qwen35moe::declare(&hp, &file, &mut specs)),
             Arch::Mistral3 => Graphs::Llama(arch::mistral3::declare(&hp, &file, &mut specs)),
             Arch::GptOss => Graphs::GptOss(arch::gpt_oss::GptOss::declare(&hp, &file, &mut specs)),
+            Arch::Gemma4 => Graphs::Gemma4(arch::gemma4::Gemma4::declare(&hp, &file, &mut specs)),
         };
         let mut no_progress = |_: u64, _: u64| {};
         let progress: &mut dyn FnMut(u64, u64) = match opts.progress.as_mut() {

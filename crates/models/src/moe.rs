@@ -7,6 +7,7 @@
 //! `build_moe_ffn` for these models, so the numbers match its.
 
 use tempo9_ggml::Tensor;
+use tempo9_gguf::GgufFile;
 
 use crate::layers::Builder;
 use crate::weights::{SpecList, WeightId, WeightUse::*};
@@ -28,13 +29,34 @@ struct MoeBiases {
     down: WeightId,
 }
 
+/// The experts' gate and up projections: two 3-D weights, or one with the gate
+/// rows then the up rows of each expert (`ffn_gate_up_exps`, Gemma 4).
+#[derive(Clone, Copy)]
+enum GateUp {
+    Split { gate: WeightId, up: WeightId },
+    Fused(WeightId),
+}
+
+impl GateUp {
+    /// The weight whose type and layout decide how rows are grouped.
+    fn first(self) -> WeightId {
+        match self {
+            GateUp::Split { gate, .. } | GateUp::Fused(gate) => gate,
+        }
+    }
+}
+
 /// Weights of one layer's experts.
 pub(crate) struct MoeWeights {
     /// Router: `[n_embd, n_expert]`.
-    router: WeightId,
-    gate: WeightId,
-    up: WeightId,
+    pub router: WeightId,
+    gate_up: GateUp,
     down: WeightId,
+    /// Per-expert scale of the down projection's output (`ffn_down_exps.scale`,
+    /// `[n_expert]`, Gemma 4).
+    down_scale: Option<WeightId>,
+    /// GELU-gated experts (Gemma 4) instead of SwiGLU.
+    gelu: bool,
     /// Shared expert (Qwen3.5-MoE): gate, up, down and its scalar gate `[n_embd]`.
     shared: Option<[WeightId; 4]>,
     /// GPT-OSS: biases, softmax over the top-k logits, clamped SwiGLU.
@@ -65,10 +87,49 @@ impl MoeWeights {
         MoeWeights {
             oai,
             router: specs.add(n("ffn_gate_inp.weight"), &[e, x], MatMul),
-            gate: specs.add(n("ffn_gate_exps.weight"), &[e, f, x], Experts),
-            up: specs.add(n("ffn_up_exps.weight"), &[e, f, x], Experts),
+            gate_up: GateUp::Split {
+                gate: specs.add(n("ffn_gate_exps.weight"), &[e, f, x], Experts),
+                up: specs.add(n("ffn_up_exps.weight"), &[e, f, x], Experts),
+            },
             down: specs.add(n("ffn_down_exps.weight"), &[f, e, x], Experts),
+            down_scale: None,
+            gelu: false,
             shared,
+        }
+    }
+
+    /// Declares Gemma 4's routed experts of layer `il`: GELU-gated, gate and up
+    /// fused in one weight when the file has it (the converter's layout), a
+    /// per-expert output scale; the router is applied by the caller (its input is
+    /// normalised differently, see `arch::gemma4`).
+    pub fn declare_gemma4(
+        hp: &HParams,
+        file: &GgufFile,
+        specs: &mut SpecList,
+        il: usize,
+    ) -> MoeWeights {
+        let moe = hp.moe.expect("a MoE model has expert shapes");
+        let (e, f, x) = (hp.n_embd, moe.n_ff_exp, moe.n_expert);
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let gate_up = match file.tensor(&n("ffn_gate_up_exps.weight")) {
+            Some(_) => {
+                GateUp::Fused(specs.add(n("ffn_gate_up_exps.weight"), &[e, 2 * f, x], Experts))
+            }
+            None => GateUp::Split {
+                gate: specs.add(n("ffn_gate_exps.weight"), &[e, f, x], Experts),
+                up: specs.add(n("ffn_up_exps.weight"), &[e, f, x], Experts),
+            },
+        };
+        MoeWeights {
+            oai: None,
+            router: specs.add(n("ffn_gate_inp.weight"), &[e, x], MatMul),
+            gate_up,
+            down: specs.add(n("ffn_down_exps.weight"), &[f, e, x], Experts),
+            down_scale: file
+                .tensor(&n("ffn_down_exps.scale"))
+                .map(|_| specs.add(n("ffn_down_exps.scale"), &[x], Elementwise)),
+            gelu: true,
+            shared: None,
         }
     }
 }
@@ -81,11 +142,21 @@ impl<'a> Builder<'a> {
     /// each expert, so a sequence's numbers then depend on its step's other rows no
     /// more than a dense layer's do.
     pub fn moe_ffn(&mut self, l: &MoeWeights, x: Tensor<'a>) -> Tensor<'a> {
-        let ctx = self.ctx;
         let logits = self.linear(l.router, x, l.oai.map(|b| b.router)); // [n_expert, n_t]
+        self.moe_ffn_with_logits(l, x, logits)
+    }
+
+    /// [`Builder::moe_ffn`] with the router logits `[n_expert, n_tokens]` given.
+    pub fn moe_ffn_with_logits(
+        &mut self,
+        l: &MoeWeights,
+        x: Tensor<'a>,
+        logits: Tensor<'a>,
+    ) -> Tensor<'a> {
+        let ctx = self.ctx;
         let n_t = x.ne()[1] as usize;
-        let gate = self.wt(l.gate);
-        let groups = self.row_groups(n_t, self.w.is_repacked(l.gate), gate.dtype());
+        let first = l.gate_up.first();
+        let groups = self.row_groups(n_t, self.w.is_repacked(first), self.wt(first).dtype());
         let rows = |t: Tensor<'a>, start: usize, n: usize| match n == n_t {
             true => t,
             false => ctx.view(t, &[t.ne()[0], n as i64], &[t.nb()[1]], start * t.nb()[1]),
@@ -136,15 +207,33 @@ impl<'a> Builder<'a> {
             Some(b) => ctx.add_id(t, self.wt(b), sel),
             None => t,
         };
-        let up = ctx.mul_mat_id(self.wt(l.up), x3, sel); // [n_ff_exp, k, n_t]
-        let up = bias(up, l.oai.map(|b| b.up));
-        let gate = ctx.mul_mat_id(self.wt(l.gate), x3, sel);
-        let gate = bias(gate, l.oai.map(|b| b.gate));
-        let act = match l.oai {
-            Some(_) => ctx.swiglu_oai(gate, up, SWIGLU_OAI.0, SWIGLU_OAI.1),
-            None => ctx.swiglu_split(gate, up),
+        let (gate, up) = match l.gate_up {
+            GateUp::Split { gate, up } => {
+                let up = ctx.mul_mat_id(self.wt(up), x3, sel); // [n_ff_exp, k, n_t]
+                let up = bias(up, l.oai.map(|b| b.up));
+                let gate = ctx.mul_mat_id(self.wt(gate), x3, sel);
+                (bias(gate, l.oai.map(|b| b.gate)), up)
+            }
+            GateUp::Fused(w) => {
+                let gu = ctx.mul_mat_id(self.wt(w), x3, sel); // [2 n_ff_exp, k, n_t]
+                let (ne, nb) = (gu.ne(), gu.nb());
+                let half =
+                    |off: usize| ctx.view(gu, &[ne[0] / 2, ne[1], ne[2]], &[nb[1], nb[2]], off);
+                (half(0), half(ne[0] as usize / 2 * nb[0]))
+            }
         };
-        let down = ctx.mul_mat_id(self.wt(l.down), act, sel);
+        let act = match (l.oai, l.gelu) {
+            (Some(_), _) => ctx.swiglu_oai(gate, up, SWIGLU_OAI.0, SWIGLU_OAI.1),
+            (None, true) => ctx.geglu_split(gate, up),
+            (None, false) => ctx.swiglu_split(gate, up),
+        };
+        let mut down = ctx.mul_mat_id(self.wt(l.down), act, sel); // [n_embd, k, n_t]
+        if let Some(s) = l.down_scale {
+            // Each row's chosen experts' scales, [1, k, n_t].
+            let s = ctx.reshape(self.wt(s), &[1, n_exp, 1]);
+            let s = ctx.get_rows(ctx.repeat_4d(s, [1, n_exp, n_t, 1]), sel);
+            down = ctx.mul(down, s);
+        }
         let e = ctx.mul(bias(down, l.oai.map(|b| b.down)), w); // [n_embd, k, n_t]
                                                                // Sum over the chosen experts in order, as llama.cpp adds them.
         let nb = e.nb();

@@ -412,12 +412,14 @@ impl Model {
                 cpu,
                 invariant,
                 hidden: None,
+                written: Vec::new(),
             };
             let logits: Tensor<'_> = match &model.graphs {
                 Graphs::Qwen35(g) if mtp => g.build_mtp(&mut b)?,
                 _ if mtp => return Err(ModelError::BadBatch("the model has no MTP head".into())),
                 Graphs::Llama(g) => g.build(&mut b),
                 Graphs::Gemma3(g) => g.build(&mut b),
+                Graphs::Gemma4(g) => g.build(&mut b),
                 Graphs::Qwen3(g) => g.build(&mut b),
                 Graphs::Qwen35(g) => g.build(&mut b),
                 Graphs::GptOss(g) => g.build(&mut b),

@@ -367,6 +367,7 @@ fn lm_step(
             }],
             tiled_prompt: false,
             state_snapshot: None,
+            continues: false,
         }],
         output_rows: vec![n as i32 - 1],
         ..StepBatch::default()
@@ -563,6 +564,7 @@ fn bad_image_rows_are_clear_errors() {
             }],
             tiled_prompt: false,
             state_snapshot: None,
+            continues: false,
         }],
         output_rows: vec![1],
         embeds: Some(RowEmbeds {

@@ -142,3 +142,8 @@ fn llama_bpe_test_vectors_match_llama_cpp() {
 fn llama_bpe_corpus_matches_llama_tokenize() {
     check_corpus("llama-bpe");
 }
+
+#[test]
+fn gemma_4_test_vectors_match_llama_cpp() {
+    check_test_vectors("gemma-4");
+}

@@ -24,6 +24,7 @@ use clap::{Args, ValueEnum};
 use tempo9_ggml::{quantize_rows, DType};
 use tempo9_gguf::{GgmlType, GgufWriter, Value};
 
+mod gemma4;
 mod shapes;
 mod tensors;
 mod vocab;
@@ -138,6 +139,11 @@ fn draw(
             let mut r = Rng::new(seed, ti, chunk);
             (0..n).map(|_| r.next() * amp).collect()
         }
+        &Init::Around(mean, std) => {
+            let amp = std * 3f32.sqrt();
+            let mut r = Rng::new(seed, ti, chunk);
+            (0..n).map(|_| mean + r.next() * amp).collect()
+        }
         &Init::NegExp(lo, hi) => {
             let mut r = Rng::new(seed, ti, chunk);
             (0..n)
@@ -161,6 +167,9 @@ pub fn run(a: SynthArgs) -> Result<()> {
             bail!("--layers must be at least 1");
         }
         sh.n_layer = l;
+    }
+    if sh.gemma4.is_some() {
+        gemma4::check(&sh).map_err(anyhow::Error::msg)?;
     }
     if a.mtp && !sh.arch.is_hybrid() {
         bail!("--mtp: llama.cpp's converter writes MTP blocks only for qwen35 and qwen35moe");

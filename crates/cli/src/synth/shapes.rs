@@ -33,6 +33,10 @@ pub enum SynthArch {
     /// sinks, YaRN, MXFP4 routed experts with biases.
     #[value(name = "gpt-oss")]
     GptOss,
+    /// Gemma 4 (text): sliding-window and full layers of their own head sizes,
+    /// KV-sharing layers, per-layer embeddings, soft-capped logits, optional
+    /// routed experts beside the dense feed-forward.
+    Gemma4,
 }
 
 impl SynthArch {
@@ -49,6 +53,7 @@ impl SynthArch {
             SynthArch::Qwen35moe => "qwen35moe",
             SynthArch::Mistral3 => "mistral3",
             SynthArch::GptOss => "gpt-oss",
+            SynthArch::Gemma4 => "gemma4",
         }
     }
 
@@ -69,6 +74,7 @@ impl SynthArch {
             SynthArch::Qwen35moe => Preset::Qwen35_35bA3b,
             SynthArch::Mistral3 => Preset::Ministral3_3b,
             SynthArch::GptOss => Preset::GptOss20b,
+            SynthArch::Gemma4 => Preset::Gemma4E2b,
         }
     }
 }
@@ -155,6 +161,33 @@ pub enum Preset {
     /// experts of 64 (MXFP4), 2 used, 201088 tokens.
     #[value(name = "gpt-oss-tiny")]
     GptOssTiny,
+    /// Gemma-4-E2B (gemma4: 1536 wide, 35 layers, a full layer after every 4
+    /// sliding ones (window 512), 8 query heads, 1 KV head of 256 (sliding) or 512
+    /// (full), the last 20 layers sharing KV, per-layer embeddings of 256,
+    /// double-wide MLP (6144, 12288 in KV-sharing layers), tied output).
+    #[value(name = "gemma-4-e2b")]
+    Gemma4E2b,
+    /// Gemma-4-31B (gemma4: 5376 wide, 60 layers, a full layer after every 5
+    /// sliding ones (window 1024), 32 query heads, 16 KV heads of 256 (sliding) or
+    /// 4 of 512 with K = V (full), MLP 21504, tied output).
+    #[value(name = "gemma-4-31b")]
+    Gemma4_31b,
+    /// Gemma-4-26B-A4B (gemma4: 2816 wide, 30 layers, a full layer after every 5
+    /// sliding ones (window 1024), 16 query heads, 8 KV heads of 256 (sliding) or 2
+    /// of 512 with K = V (full), dense MLP 2112 beside 128 experts of 704, 8 used).
+    #[value(name = "gemma-4-26b-a4b")]
+    Gemma4_26bA4b,
+    /// Test shape, gemma4 dense: 128 wide, 6 layers (full at 2 and 5, window 128),
+    /// 4 query heads, 2 KV heads of 32 (sliding) or 1 of 64 (full), the last 3
+    /// layers sharing KV, per-layer embeddings of 32, double-wide MLP (256/512),
+    /// 262144 tokens.
+    #[value(name = "gemma4-tiny")]
+    Gemma4Tiny,
+    /// Test shape, gemma4 MoE: gemma4-tiny's attention with K = V on full layers,
+    /// no KV sharing or per-layer embeddings, dense MLP 128 beside 8 experts of 64,
+    /// 2 used.
+    #[value(name = "gemma4moe-tiny")]
+    Gemma4moeTiny,
     /// Test shape, qwen3: 128 wide, 4 layers, 4/2 heads of 64, 151936 tokens.
     #[value(name = "qwen3-tiny")]
     Qwen3Tiny,
@@ -189,6 +222,39 @@ pub struct Moe {
     pub n_ff_exp: u64,
     /// `expert_shared_feed_forward_length` (qwen35moe's shared expert).
     pub n_ff_shexp: Option<u64>,
+}
+
+/// What Gemma 4 adds to a shape (HF `text_config`). The shape's `head_dim` and
+/// `n_head_kv` are the sliding layers' (HF `head_dim`, `num_key_value_heads`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma4 {
+    /// `global_head_dim`: the full layers' head size.
+    pub head_dim_full: u64,
+    /// `num_global_key_value_heads`: the full layers' KV heads.
+    pub n_head_kv_full: u64,
+    /// A full layer after every `period - 1` sliding ones (`layer_types`).
+    pub period: u64,
+    /// `num_kv_shared_layers`: trailing layers that read earlier layers' K/V.
+    pub n_shared: u64,
+    /// `hidden_size_per_layer_input` (0: no per-layer embeddings).
+    pub n_embd_per_layer: u64,
+    /// `use_double_wide_mlp`: KV-sharing layers' MLP twice as wide.
+    pub double_wide: bool,
+    /// `attention_k_eq_v`: full layers have no V projection (V = K).
+    pub k_eq_v: bool,
+    /// The sliding layers' rope base.
+    pub rope_base_swa: f32,
+    /// The full layers' `partial_rotary_factor` (proportional rope).
+    pub partial_rotary_full: f32,
+    /// `final_logit_softcapping`.
+    pub softcap: f32,
+}
+
+impl Gemma4 {
+    /// Whether layer `i` is a full-attention layer.
+    pub fn is_full(&self, i: u64) -> bool {
+        (i + 1).is_multiple_of(self.period)
+    }
 }
 
 /// Gated DeltaNet layers of the Qwen3.5 hybrids.
@@ -311,6 +377,8 @@ pub struct Shape {
     /// Whether the HF config names `head_dim` (the converter then writes
     /// `attention.key_length` / `value_length`).
     pub explicit_head_dim: bool,
+    /// Gemma 4's layout.
+    pub gemma4: Option<Gemma4>,
 }
 
 impl Preset {
@@ -322,6 +390,9 @@ impl Preset {
             Llama32_1b | Llama31_8b | Llama3Tiny | Mistral7bV03 => Some(SynthArch::Llama),
             Ministral3_3b | Mistral3Tiny => Some(SynthArch::Mistral3),
             GptOss20b | GptOssTiny => Some(SynthArch::GptOss),
+            Gemma4E2b | Gemma4_31b | Gemma4_26bA4b | Gemma4Tiny | Gemma4moeTiny => {
+                Some(SynthArch::Gemma4)
+            }
             Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
             Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
             Qwen3vlTiny => Some(SynthArch::Qwen3vl),
@@ -355,6 +426,7 @@ impl Preset {
             rope_scaling: None,
             swa_window: None,
             explicit_head_dim: false,
+            gemma4: None,
         };
         // Qwen3 (HF config.json): rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
         let qwen3 = |n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab| Shape {
@@ -375,6 +447,7 @@ impl Preset {
             rope_scaling: None,
             swa_window: None,
             explicit_head_dim: true,
+            gemma4: None,
         };
         // Qwen3.5: rope_theta 1e7, partial_rotary_factor 0.25, 262144 positions,
         // conv kernel 4, a full-attention layer every 4.
@@ -396,6 +469,7 @@ impl Preset {
             rope_scaling: None,
             swa_window: None,
             explicit_head_dim: true,
+            gemma4: None,
         };
         let gdn = |d_state, n_k_heads, n_v_heads| Gdn {
             d_conv: 4,
@@ -431,9 +505,119 @@ impl Preset {
             })),
             swa_window: Some(128),
             explicit_head_dim: true,
+            gemma4: None,
             ..plain(n_embd, n_layer, n_head, n_head_kv, 0, 201_088, 150_000.0)
         };
+        // Gemma 4 (HF text_config): rms_norm_eps 1e-6, rope 1e6 on full layers
+        // (proportional, a quarter of each head) and 1e4 on sliding ones, final
+        // logits soft-capped at 30, 262144 tokens.
+        #[allow(clippy::too_many_arguments)]
+        let gemma4 = |n_embd,
+                      n_layer,
+                      n_head,
+                      (kv_swa, hd_swa),
+                      (kv_full, hd_full),
+                      n_ff,
+                      window,
+                      g: Gemma4| Shape {
+            arch,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv: kv_swa,
+            head_dim: hd_swa,
+            n_ff,
+            n_vocab: 262_144,
+            rope_base: 1e6,
+            n_rot: hd_full,
+            n_ctx: 262_144,
+            rms_eps: 1e-6,
+            moe: None,
+            gdn: None,
+            rope_scaling: None,
+            swa_window: Some(window),
+            explicit_head_dim: true,
+            gemma4: Some(Gemma4 {
+                head_dim_full: hd_full,
+                n_head_kv_full: kv_full,
+                ..g
+            }),
+        };
+        let g4 = |period, n_shared, n_embd_per_layer, double_wide, k_eq_v| Gemma4 {
+            head_dim_full: 0,
+            n_head_kv_full: 0,
+            period,
+            n_shared,
+            n_embd_per_layer,
+            double_wide,
+            k_eq_v,
+            rope_base_swa: 10_000.0,
+            partial_rotary_full: 0.25,
+            softcap: 30.0,
+        };
         match self {
+            Gemma4E2b => Shape {
+                n_ctx: 131_072,
+                ..gemma4(
+                    1536,
+                    35,
+                    8,
+                    (1, 256),
+                    (1, 512),
+                    6144,
+                    512,
+                    g4(5, 20, 256, true, false),
+                )
+            },
+            Gemma4_31b => gemma4(
+                5376,
+                60,
+                32,
+                (16, 256),
+                (4, 512),
+                21504,
+                1024,
+                g4(6, 0, 0, false, true),
+            ),
+            Gemma4_26bA4b => Shape {
+                moe: moe(128, 8, 704, None),
+                ..gemma4(
+                    2816,
+                    30,
+                    16,
+                    (8, 256),
+                    (2, 512),
+                    2112,
+                    1024,
+                    g4(6, 0, 0, false, true),
+                )
+            },
+            Gemma4Tiny => Shape {
+                n_ctx: 131_072,
+                ..gemma4(
+                    128,
+                    6,
+                    4,
+                    (2, 32),
+                    (1, 64),
+                    256,
+                    128,
+                    g4(3, 3, 32, true, false),
+                )
+            },
+            Gemma4moeTiny => Shape {
+                moe: moe(8, 2, 64, None),
+                ..gemma4(
+                    128,
+                    6,
+                    4,
+                    (2, 32),
+                    (1, 64),
+                    128,
+                    128,
+                    g4(3, 0, 0, false, true),
+                )
+            },
             S135m => plain(576, 30, 9, 3, 1536, 49152, 100_000.0),
             S0_5b => plain(896, 24, 14, 2, 4864, 151_936, 1_000_000.0),
             S1b => plain(2048, 16, 32, 8, 8192, 128_256, 500_000.0),

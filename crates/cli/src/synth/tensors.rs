@@ -16,6 +16,8 @@ pub enum Init {
     Uniform(f32),
     /// Every value equal.
     Const(f32),
+    /// Uniform around a mean (first) with this standard deviation (second).
+    Around(f32, f32),
     /// `-exp(u)` with `u` uniform in `[lo, hi)`: DeltaNet's `ssm_a = -exp(A_log)`.
     NegExp(f32, f32),
 }
@@ -50,6 +52,9 @@ pub struct Spec {
 /// Writes the architecture's metadata keys (not the vocabulary), as the
 /// converter names and types them. `mtp` adds one trailing MTP block.
 pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
+    if sh.arch == SynthArch::Gemma4 {
+        return super::gemma4::metadata(sh, n_vocab, w);
+    }
     let arch = sh.arch.name();
     let k = |x: &str| format!("{arch}.{x}");
     let u = |x: u64| Value::U32(x as u32);
@@ -66,7 +71,7 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
         SynthArch::Llama | SynthArch::Qwen2 | SynthArch::Mistral3 => {
             w.set(&k("rope.dimension_count"), u(sh.n_rot));
         }
-        SynthArch::Qwen3 | SynthArch::Qwen3moe | SynthArch::GptOss => {}
+        SynthArch::Qwen3 | SynthArch::Qwen3moe | SynthArch::GptOss | SynthArch::Gemma4 => {}
         SynthArch::Qwen3vl | SynthArch::Qwen3vlmoe => {
             let sections = mrope_sections((sh.n_rot / 2) as i32);
             w.set(
@@ -196,6 +201,9 @@ pub fn llama3_rope_freqs(sh: &Shape) -> Option<Vec<f32>> {
 
 /// The tensor list, in the order it is written.
 pub fn tensors(sh: &Shape, mtp: bool, n_vocab: u64) -> Vec<Spec> {
+    if sh.arch == SynthArch::Gemma4 {
+        return super::gemma4::tensors(sh, n_vocab);
+    }
     let e = sh.n_embd;
     let (q_dim, kv_dim) = (sh.n_head * sh.head_dim, sh.n_head_kv * sh.head_dim);
     // Scales keep activations O(1) through the layers (inputs of unit RMS times

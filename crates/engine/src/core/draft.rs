@@ -132,10 +132,12 @@ impl Drafter {
         })
     }
 
-    /// Bytes of one token's K and V in the draft model (F16 rows, every layer).
+    /// Bytes of one token's K and V in the draft model (F16 rows, every layer
+    /// that keeps K/V).
     pub fn token_bytes(draft: &DraftModel) -> usize {
         let hp = draft.0.hparams();
-        hp.n_layer * (hp.n_embd_k() + hp.n_embd_v()) * 2
+        let owners: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.owns_kv(il)).collect();
+        hp.cell_bytes(&owners)
     }
 
     /// Forgets request `id`'s draft sequence (its committed pages stay cached).

@@ -658,8 +658,8 @@ impl EngineCore {
             )));
         }
         let groups = model.cache_groups(config.swa_full);
-        // K and V rows are F16.
-        let cell_bytes = |g: &CacheGroup| g.layers.len() * (hp.n_embd_k() + hp.n_embd_v()) * 2;
+        // K and V rows are F16, of each layer's width.
+        let cell_bytes = |g: &CacheGroup| hp.cell_bytes(&g.layers);
         let page_bytes = ps * cell_bytes(&groups[0]);
         let sliding = groups.get(1).and_then(|g| match g.kind {
             GroupKind::Sliding { window } => Some((ps * cell_bytes(g), window)),

@@ -18,8 +18,9 @@ pub const MODELS: [(&str, &str); 3] = [
 /// The synthetic models the fixtures were recorded on (fixture dir, file name),
 /// written by `scripts/synth-models.py` (part of scripts/test.sh): the Qwen3
 /// family (the two hybrids at 2 and 3), then Llama 3 (rope scaling), Mistral 3
-/// (YaRN, query temperature) and GPT-OSS (sinks, sliding window, MXFP4 experts).
-pub const SYNTH_MODELS: [(&str, &str); 7] = [
+/// (YaRN, query temperature), GPT-OSS (sinks, sliding window, MXFP4 experts) and
+/// Gemma 4 dense (per-layer embeddings, KV-sharing layers) and MoE.
+pub const SYNTH_MODELS: [(&str, &str); 9] = [
     ("qwen3-tiny", "qwen3-tiny.gguf"),
     ("qwen3moe-tiny", "qwen3moe-tiny.gguf"),
     ("qwen35-tiny", "qwen35-tiny.gguf"),
@@ -27,6 +28,8 @@ pub const SYNTH_MODELS: [(&str, &str); 7] = [
     ("llama3-tiny", "llama3-tiny.gguf"),
     ("mistral3-tiny", "mistral3-tiny.gguf"),
     ("gpt-oss-tiny", "gpt-oss-tiny.gguf"),
+    ("gemma4-tiny", "gemma4-tiny.gguf"),
+    ("gemma4moe-tiny", "gemma4moe-tiny.gguf"),
 ];
 
 /// Path of a real model; panics (fails the test) when missing unless

@@ -1,6 +1,7 @@
 //! One file per architecture.
 
 pub(crate) mod gemma3;
+pub(crate) mod gemma4;
 pub(crate) mod gpt_oss;
 pub(crate) mod llama;
 pub(crate) mod mistral3;
