@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -82,6 +82,9 @@
 #           the script's start). Carry .gpu-carry .llama-server and .gpu-cache (or .ggml-src).
 #           HYBRID_LOG=1: the Tempo9 servers' step logs come back in server-logs.tar.gz;
 #           HYBRID_VARIANT="FLAGS": a second Tempo9 server with these flags, side by side
+#   mtp35   single-stream decode of a chat prompt on the hybrid file with the MTP head
+#           drafting k = 1..4 (its random drafts all rejected: the cost per drafted
+#           token) against no drafts (MTP35_VARIANTS to choose the runs)
 #   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
@@ -637,6 +640,25 @@ if has pdlbisect; then
     for op in ${PDL_BISECT_OPS:-GET_ROWS RMS_NORM MUL MUL_MAT ADD ROPE SET_ROWS FLASH_ATTN_EXT GLU}; do
         probe GGML_CUDA_PDL=1 GGML_CUDA_PDL_OPS=$op
         probe GGML_CUDA_PDL=1 GGML_CUDA_PDL_NOT_OPS=$op
+    done
+fi
+
+if has mtp35; then
+    say mtp35
+    # Speculation from the MTP head on the hybrid file: its random head's drafts are
+    # all rejected, so decode tok/s against no drafts is the cost of drafting and
+    # verifying k tokens a step. MTP35_VARIANTS: which runs, in order.
+    write_hybrid_file || exit 1
+    p="$root/bench/spec/edit-code.chatml.txt"
+    IFS=, read -ra variants <<<"${MTP35_VARIANTS:-off,mtp 3,mtp 1,mtp 2,mtp 4,off}"
+    for v in "${variants[@]}"; do
+        set -- $v
+        args=()
+        [ "$1" = mtp ] && args=(--speculation mtp --speculation-k "$2")
+        $T bench --gguf "$hf" --device cuda --pp 0 --tg 256 --reps 2 --tg-prompt-file "$p" \
+            "${args[@]}" 2>>"$out/run.log" \
+            | sed "s/^{/{\"model\":\"qwen35moe-35b-a3b-q3_k-chat\",\"variant\":\"$v\",/" \
+            | tee -a "$out/results.jsonl"
     done
 fi
 
