@@ -45,7 +45,10 @@ def test_stop_sequence_and_errors(smol):
         client(smol, key="bad").messages.create(model=smol.name, max_tokens=2,
                                                 messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.NotFoundError) as e:
-        c.messages.create(model="claude-nothing", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        # Another local model's name (a GGUF file beside the served one); any other
+        # name is answered by the model served.
+        c.messages.create(model="qwen2.5-coder-0.5b-instruct-q4_k_m", max_tokens=2,
+                          messages=[{"role": "user", "content": "x"}])
     assert e.value.body["error"]["type"] == "not_found_error"
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.create(model=smol.name, max_tokens=2, messages=[{"role": "user", "content": "word " * 5000}])

@@ -89,8 +89,11 @@ def test_errors(smol):
     with pytest.raises(openai.AuthenticationError) as e:
         client(smol, key="wrong").chat.completions.create(model=smol.name, messages=MSG, max_tokens=2)
     assert e.value.status_code == 401 and e.value.body["type"] == "authentication_error"
+    # Any name is answered by the one model served, but another local model's name
+    # (a GGUF file beside it) is a 404.
     with pytest.raises(openai.NotFoundError) as e:
-        client(smol).chat.completions.create(model="no-such-model", messages=MSG, max_tokens=2)
+        client(smol).chat.completions.create(model="qwen2.5-coder-0.5b-instruct-q4_k_m", messages=MSG,
+                                             max_tokens=2)
     assert e.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
         client(smol).chat.completions.create(model=smol.name, messages=[{"role": "robot", "content": "x"}])
