@@ -142,7 +142,7 @@ fn mtp_drafts_change_no_greedy_token_or_logprob() {
 /// engines drafted after the same tokens, up to a draft that llama.cpp picked by
 /// less than [`MTP_TIE`] of probability over its runner-up (a near tie that float
 /// rounding may order either way), or up to a differing draft (the next depends
-/// on it).
+/// on it). Steps where ours rest after repeated misses are skipped.
 #[test]
 fn mtp_drafts_match_llama_cpp() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -180,8 +180,14 @@ fn mtp_drafts_match_llama_cpp() {
                 if n < prompt.len() || n - prompt.len() + 1 > agree {
                     continue;
                 }
+                // Ours rest after 8 misses in a row (llama.cpp's do not).
                 let Some((_, got)) = steps.iter().find(|(m, _)| *m == n) else {
-                    panic!("{file}: no drafts after {n} tokens ({last}); ours: {steps:?}");
+                    assert!(
+                        steps.len() >= 8,
+                        "{file}: drafts in only {} steps; none after {n} tokens ({last})",
+                        steps.len()
+                    );
+                    continue;
                 };
                 for (i, d) in step["drafts"].as_array().unwrap().iter().enumerate() {
                     let (want, p0, p1) = (

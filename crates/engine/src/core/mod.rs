@@ -1273,7 +1273,7 @@ impl EngineCore {
         };
         for s in &mut self.running {
             s.draft.clear();
-            let Some(depth) = s.spec else {
+            let Some(depth) = s.spec.as_mut() else {
                 continue;
             };
             // A plain decode step (not one recomputing tokens after a preemption).
@@ -1286,7 +1286,7 @@ impl EngineCore {
             }
             // The token this step samples, then at most the drafts that could follow.
             let left = s.max_tokens.saturating_sub(s.usage.completion_tokens + 1);
-            let k = depth.now.min(left);
+            let k = depth.take().min(left);
             if k > 0 && !s.prediction.is_empty() {
                 s.draft = propose_predicted(&s.tokens[s.n_prompt..], &s.prediction, k);
             }
