@@ -89,6 +89,15 @@ pub(super) struct Drafter {
     n_vocab: usize,
 }
 
+/// What proposes drafts by running a model: the draft model ([`Drafter`]) or the
+/// model's own MTP head (`super::mtp::MtpDrafter`).
+pub(super) trait ModelDrafter {
+    /// Drafts for each job, in order (empty where it has no room for the job).
+    fn propose(&mut self, jobs: &[DraftJob<'_>]) -> Result<Vec<Vec<u32>>, ModelError>;
+    /// Forgets request `id` (its committed pages stay cached).
+    fn free(&mut self, id: RequestId);
+}
+
 /// One request drafting in a step.
 pub(super) struct DraftJob<'a> {
     pub id: RequestId,
@@ -138,61 +147,6 @@ impl Drafter {
         let hp = draft.0.hparams();
         let owners: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.owns_kv(il)).collect();
         hp.cell_bytes(&owners)
-    }
-
-    /// Forgets request `id`'s draft sequence (its committed pages stay cached).
-    pub fn free(&mut self, id: RequestId) {
-        if self.written.remove(&id).is_some() {
-            let _ = self.pool.free(id as SeqId);
-        }
-    }
-
-    /// Drafts for each job, in order (empty where the draft's KV pool is full).
-    pub fn propose(&mut self, jobs: &[DraftJob<'_>]) -> Result<Vec<Vec<u32>>, ModelError> {
-        let mut drafts = vec![Vec::new(); jobs.len()];
-        // Per job: the draft tokens still to compute, as (position, token) rows.
-        let mut pending: Vec<Vec<u32>> = Vec::with_capacity(jobs.len());
-        let mut starts: Vec<usize> = Vec::with_capacity(jobs.len());
-        for j in jobs {
-            let from = self.start(j);
-            starts.push(from.unwrap_or(0));
-            pending.push(from.map_or_else(Vec::new, |n| j.tokens[n..].to_vec()));
-        }
-        // Catch up on the request's tokens; the last one's logits give the first draft.
-        while pending.iter().any(|p| !p.is_empty()) {
-            let mut rows: Vec<(usize, Vec<u32>, bool)> = Vec::new();
-            let mut budget = CATCH_UP_TOKENS;
-            for (i, p) in pending.iter_mut().enumerate() {
-                if p.is_empty() || budget == 0 {
-                    continue;
-                }
-                let n = p.len().min(budget);
-                budget -= n;
-                let last = n == p.len();
-                rows.push((i, p.drain(..n).collect(), last));
-            }
-            let picks = self.forward(jobs, &mut starts, &rows)?;
-            for ((i, _, last), t) in rows.iter().zip(picks) {
-                if *last && jobs[*i].k > 0 {
-                    drafts[*i].push(t);
-                }
-            }
-        }
-        // Then decode: each draft is the next row's input.
-        for depth in 1..jobs.iter().map(|j| j.k).max().unwrap_or(0) {
-            let rows: Vec<(usize, Vec<u32>, bool)> = (0..jobs.len())
-                .filter(|&i| drafts[i].len() == depth && jobs[i].k > depth)
-                .map(|i| (i, vec![drafts[i][depth - 1]], true))
-                .collect();
-            if rows.is_empty() {
-                break;
-            }
-            let picks = self.forward(jobs, &mut starts, &rows)?;
-            for ((i, _, _), t) in rows.iter().zip(picks) {
-                drafts[*i].push(t);
-            }
-        }
-        Ok(drafts)
     }
 
     /// Prepares job `j`'s draft sequence: drops the KV of tokens the target did not
@@ -287,18 +241,7 @@ impl Drafter {
         self.masks.give_back(b);
         let picks = match out? {
             StepOutput::Tokens(ids) => ids,
-            StepOutput::Logits(l) => l
-                .chunks(self.n_vocab)
-                .map(|row| {
-                    let mut best = 0;
-                    for (t, &x) in row.iter().enumerate() {
-                        if x > row[best] {
-                            best = t;
-                        }
-                    }
-                    best as u32
-                })
-                .collect(),
+            StepOutput::Logits(l) => l.chunks(self.n_vocab).map(argmax).collect(),
         };
         // Whole pages of the request's own tokens (not drafts) join the draft's
         // prefix cache, for the next request with the same prefix. Not its last
@@ -313,4 +256,72 @@ impl Drafter {
         }
         Ok(picks)
     }
+}
+
+impl ModelDrafter for Drafter {
+    /// Forgets request `id`'s draft sequence (its committed pages stay cached).
+    fn free(&mut self, id: RequestId) {
+        if self.written.remove(&id).is_some() {
+            let _ = self.pool.free(id as SeqId);
+        }
+    }
+
+    /// Drafts for each job, in order (empty where the draft's KV pool is full).
+    fn propose(&mut self, jobs: &[DraftJob<'_>]) -> Result<Vec<Vec<u32>>, ModelError> {
+        let mut drafts = vec![Vec::new(); jobs.len()];
+        // Per job: the draft tokens still to compute, as (position, token) rows.
+        let mut pending: Vec<Vec<u32>> = Vec::with_capacity(jobs.len());
+        let mut starts: Vec<usize> = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            let from = self.start(j);
+            starts.push(from.unwrap_or(0));
+            pending.push(from.map_or_else(Vec::new, |n| j.tokens[n..].to_vec()));
+        }
+        // Catch up on the request's tokens; the last one's logits give the first draft.
+        while pending.iter().any(|p| !p.is_empty()) {
+            let mut rows: Vec<(usize, Vec<u32>, bool)> = Vec::new();
+            let mut budget = CATCH_UP_TOKENS;
+            for (i, p) in pending.iter_mut().enumerate() {
+                if p.is_empty() || budget == 0 {
+                    continue;
+                }
+                let n = p.len().min(budget);
+                budget -= n;
+                let last = n == p.len();
+                rows.push((i, p.drain(..n).collect(), last));
+            }
+            let picks = self.forward(jobs, &mut starts, &rows)?;
+            for ((i, _, last), t) in rows.iter().zip(picks) {
+                if *last && jobs[*i].k > 0 {
+                    drafts[*i].push(t);
+                }
+            }
+        }
+        // Then decode: each draft is the next row's input.
+        for depth in 1..jobs.iter().map(|j| j.k).max().unwrap_or(0) {
+            let rows: Vec<(usize, Vec<u32>, bool)> = (0..jobs.len())
+                .filter(|&i| drafts[i].len() == depth && jobs[i].k > depth)
+                .map(|i| (i, vec![drafts[i][depth - 1]], true))
+                .collect();
+            if rows.is_empty() {
+                break;
+            }
+            let picks = self.forward(jobs, &mut starts, &rows)?;
+            for ((i, _, _), t) in rows.iter().zip(picks) {
+                drafts[*i].push(t);
+            }
+        }
+        Ok(drafts)
+    }
+}
+
+/// The highest logit's index (the first of ties).
+pub(super) fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (t, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = t;
+        }
+    }
+    best as u32
 }

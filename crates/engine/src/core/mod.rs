@@ -51,8 +51,8 @@ use crate::stream::{RequestStream, Ticket};
 use runner::MaskBuffers;
 
 pub use draft::DraftModel;
-use draft::{DraftJob, Drafter};
-use mtp::{MtpDrafter, MtpJob};
+use draft::{DraftJob, Drafter, ModelDrafter};
+use mtp::MtpDrafter;
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -1303,14 +1303,12 @@ impl EngineCore {
         if wanted.is_empty() {
             return;
         }
-        if cfg.mode == SpecMode::Mtp {
-            self.propose_mtp(wanted);
-            return;
-        }
-        let Some(drafter) = self.drafter.as_mut() else {
-            return;
+        // All requests' drafts come from the same forward passes of the drafting model.
+        let drafter: &mut dyn ModelDrafter = match (cfg.mode, &mut self.drafter, &mut self.mtp) {
+            (SpecMode::Mtp, _, Some(m)) => m,
+            (SpecMode::Draft, Some(d), _) => d,
+            _ => return,
         };
-        // All requests' drafts come from the same forward passes of the draft model.
         let running = &self.running;
         let jobs: Vec<DraftJob<'_>> = wanted
             .iter()
@@ -1330,8 +1328,8 @@ impl EngineCore {
                 }
             }
             Err(e) => {
-                // Their draft KV may be half written: start them afresh next time.
-                tracing::warn!(error = %e, "draft model step failed: no drafts this step");
+                // Their drafting KV may be half written: start them afresh next time.
+                tracing::warn!(error = %e, mode = ?cfg.mode, "drafting step failed: no drafts this step");
                 for (id, _) in wanted {
                     drafter.free(id);
                 }
@@ -1355,39 +1353,6 @@ impl EngineCore {
                 drafts = ?s.draft,
                 "drafts proposed"
             );
-        }
-    }
-
-    /// Drafts of the MTP head for `wanted` (request, drafts wanted).
-    fn propose_mtp(&mut self, wanted: Vec<(RequestId, usize)>) {
-        let Some(mtp) = self.mtp.as_mut() else {
-            return;
-        };
-        let running = &self.running;
-        let jobs: Vec<MtpJob<'_>> = wanted
-            .iter()
-            .map(|&(id, k)| MtpJob {
-                id,
-                tokens: &running[running.iter().position(|s| s.id == id).expect("running")].tokens,
-                k,
-            })
-            .collect();
-        match mtp.propose(&jobs) {
-            Ok(drafts) => {
-                drop(jobs);
-                for ((id, _), d) in wanted.into_iter().zip(drafts) {
-                    if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
-                        s.draft = d;
-                    }
-                }
-            }
-            Err(e) => {
-                // Their head KV may be half written: start them afresh next time.
-                tracing::warn!(error = %e, "MTP head step failed: no drafts this step");
-                for (id, _) in wanted {
-                    mtp.free(id);
-                }
-            }
         }
     }
 

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use tempo9_models::{Executor, KvStore, Model, ModelError, SeqSpan, StepBatch, StepOutput};
 
+use super::draft::{argmax, DraftJob, ModelDrafter};
 use super::runner::{view, MaskBuffers};
 use crate::pages::{PagePool, SeqId};
 use crate::request::RequestId;
@@ -54,15 +55,6 @@ struct MtpSeq {
     /// The first position computed from a made-up (zero) hidden state, if any:
     /// pages from there on are not shared.
     inexact_from: Option<usize>,
-}
-
-/// One request drafting in a step.
-pub(super) struct MtpJob<'a> {
-    pub id: RequestId,
-    /// The request's tokens; the last one is the token the model computes next.
-    pub tokens: &'a [u32],
-    /// Drafts wanted.
-    pub k: usize,
 }
 
 /// Rows of one forward pass of the head: per job index, its (position, token,
@@ -99,14 +91,6 @@ impl MtpDrafter {
         })
     }
 
-    /// Forgets request `id` (its committed pages stay cached).
-    pub fn free(&mut self, id: RequestId) {
-        self.fed.remove(&id);
-        if self.seqs.remove(&id).is_some() {
-            let _ = self.pool.free(id as SeqId);
-        }
-    }
-
     /// Takes the model's hidden states of request `id`'s positions `start..`
     /// (`n_embd` floats each), computed and kept in the last step.
     pub fn feed(&mut self, id: RequestId, start: usize, rows: &[f32]) {
@@ -121,8 +105,138 @@ impl MtpDrafter {
         }
     }
 
+    /// Prepares job `j`'s sequence: drops its draft rows and anything the request
+    /// no longer holds, starts it on the head's prefix cache if new. Returns the
+    /// first position to compute (`None`: no room in the head's pool, no drafts).
+    fn start(&mut self, j: &DraftJob<'_>) -> Option<usize> {
+        let seq = j.id as SeqId;
+        let n = j.tokens.len();
+        if let Some(s) = self.seqs.get_mut(&j.id) {
+            let common = s.written.iter().zip(j.tokens).take_while(|(a, b)| a == b);
+            // At least one row to compute: the last one gives the first draft.
+            let keep = common.count().min(n - 1);
+            s.written.truncate(keep);
+            // Rows from `keep` on are computed again.
+            if s.inexact_from.is_some_and(|p| p >= keep) {
+                s.inexact_from = None;
+            }
+            if self.pool.truncate(seq, keep).is_err()
+                || self.pool.append_slots(seq, n - keep).is_err()
+            {
+                self.free(j.id);
+                return None;
+            }
+            return Some(keep);
+        }
+        let m = self.pool.allocate(seq, j.tokens, 0).ok()?;
+        let from = m.n_cached_tokens.min(n - 1);
+        if self.pool.truncate(seq, from).is_err() || self.pool.append_slots(seq, n - from).is_err()
+        {
+            let _ = self.pool.free(seq);
+            return None;
+        }
+        self.seqs.insert(
+            j.id,
+            MtpSeq {
+                written: j.tokens[..from].to_vec(),
+                inexact_from: None,
+            },
+        );
+        Some(from)
+    }
+
+    /// Shares the whole pages of each job's caught-up positions computed from the
+    /// model's hidden states (not the last token's row: the next catch-up
+    /// recomputes it if the step does not run the request, and final pages cannot
+    /// be truncated).
+    fn commit(&mut self, jobs: &[DraftJob<'_>]) {
+        for j in jobs {
+            let Some(s) = self.seqs.get(&j.id) else {
+                continue;
+            };
+            let n = (j.tokens.len() - 1)
+                .min(s.written.len())
+                .min(s.inexact_from.unwrap_or(usize::MAX));
+            let _ = self.pool.commit_full_pages(j.id as SeqId, &j.tokens[..n]);
+        }
+    }
+
+    /// One forward pass of the head over `pass`; cells were appended in
+    /// [`Self::start`] for catch-up rows, and are appended here for draft rows.
+    /// Returns each row group's greedy pick and the head's hidden state there.
+    fn forward(
+        &mut self,
+        jobs: &[DraftJob<'_>],
+        pass: &[Rows],
+    ) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
+        let ps = self.pool.page_size();
+        let n_cells = self.kv.n_cells(0);
+        let mut b = StepBatch {
+            kv_slots: vec![Vec::new()],
+            ..StepBatch::default()
+        };
+        let mut h_in = Vec::new();
+        for r in pass {
+            let seq = jobs[r.job].id as SeqId;
+            let end = r.start + r.tokens.len();
+            let held = self.pool.n_tokens(seq).unwrap_or(0);
+            if held < end {
+                // A draft row: its cell was not appended with the catch-up.
+                self.pool
+                    .append_slots(seq, end - held)
+                    .map_err(|e| ModelError::BadBatch(format!("MTP KV: {e}")))?;
+            }
+            let table = self.pool.page_table(seq).expect("started");
+            let row_start = b.tokens.len();
+            for (k, &t) in r.tokens.iter().enumerate() {
+                let pos = r.start + k;
+                b.tokens.push(t);
+                b.positions.push(pos as i32);
+                b.kv_slots[0].push(self.pool.cell(table[pos / ps], pos % ps) as i64);
+            }
+            b.output_rows.push((b.tokens.len() - 1) as i32);
+            b.seqs.push(SeqSpan {
+                row_start,
+                n_rows: r.tokens.len(),
+                views: vec![view(
+                    n_cells,
+                    ps,
+                    &table[..end.div_ceil(ps)],
+                    0,
+                    (r.start, end),
+                    (None, None),
+                    &mut self.masks,
+                )],
+                ..SeqSpan::default()
+            });
+            h_in.extend_from_slice(&r.hidden);
+        }
+        b.hidden_rows = b.output_rows.clone();
+        let greedy = self.model.greedy_on_device();
+        let out = self
+            .model
+            .mtp_forward(&mut self.exec, &self.kv, &b, &h_in, greedy);
+        self.masks.give_back(b);
+        let (out, hidden) = out?;
+        let picks = match out {
+            StepOutput::Tokens(ids) => ids,
+            StepOutput::Logits(l) => l.chunks(self.n_vocab).map(argmax).collect(),
+        };
+        Ok((picks, hidden))
+    }
+}
+
+impl ModelDrafter for MtpDrafter {
+    /// Forgets request `id` (its committed pages stay cached).
+    fn free(&mut self, id: RequestId) {
+        self.fed.remove(&id);
+        if self.seqs.remove(&id).is_some() {
+            let _ = self.pool.free(id as SeqId);
+        }
+    }
+
     /// Drafts for each job, in order (empty where the head's KV pool is full).
-    pub fn propose(&mut self, jobs: &[MtpJob<'_>]) -> Result<Vec<Vec<u32>>, ModelError> {
+    fn propose(&mut self, jobs: &[DraftJob<'_>]) -> Result<Vec<Vec<u32>>, ModelError> {
         let e = self.n_embd;
         let mut drafts = vec![Vec::new(); jobs.len()];
         // Catch-up rows per job: positions it has not seen up to its last token.
@@ -221,135 +335,4 @@ impl MtpDrafter {
         }
         Ok(drafts)
     }
-
-    /// Prepares job `j`'s sequence: drops its draft rows and anything the request
-    /// no longer holds, starts it on the head's prefix cache if new. Returns the
-    /// first position to compute (`None`: no room in the head's pool, no drafts).
-    fn start(&mut self, j: &MtpJob<'_>) -> Option<usize> {
-        let seq = j.id as SeqId;
-        let n = j.tokens.len();
-        if let Some(s) = self.seqs.get_mut(&j.id) {
-            let common = s.written.iter().zip(j.tokens).take_while(|(a, b)| a == b);
-            // At least one row to compute: the last one gives the first draft.
-            let keep = common.count().min(n - 1);
-            s.written.truncate(keep);
-            // Rows from `keep` on are computed again.
-            if s.inexact_from.is_some_and(|p| p >= keep) {
-                s.inexact_from = None;
-            }
-            if self.pool.truncate(seq, keep).is_err()
-                || self.pool.append_slots(seq, n - keep).is_err()
-            {
-                self.free(j.id);
-                return None;
-            }
-            return Some(keep);
-        }
-        let m = self.pool.allocate(seq, j.tokens, 0).ok()?;
-        let from = m.n_cached_tokens.min(n - 1);
-        if self.pool.truncate(seq, from).is_err() || self.pool.append_slots(seq, n - from).is_err()
-        {
-            let _ = self.pool.free(seq);
-            return None;
-        }
-        self.seqs.insert(
-            j.id,
-            MtpSeq {
-                written: j.tokens[..from].to_vec(),
-                inexact_from: None,
-            },
-        );
-        Some(from)
-    }
-
-    /// Shares the whole pages of each job's caught-up positions computed from the
-    /// model's hidden states (not the last token's row: the next catch-up
-    /// recomputes it if the step does not run the request, and final pages cannot
-    /// be truncated).
-    fn commit(&mut self, jobs: &[MtpJob<'_>]) {
-        for j in jobs {
-            let Some(s) = self.seqs.get(&j.id) else {
-                continue;
-            };
-            let n = (j.tokens.len() - 1)
-                .min(s.written.len())
-                .min(s.inexact_from.unwrap_or(usize::MAX));
-            let _ = self.pool.commit_full_pages(j.id as SeqId, &j.tokens[..n]);
-        }
-    }
-
-    /// One forward pass of the head over `pass`; cells were appended in
-    /// [`Self::start`] for catch-up rows, and are appended here for draft rows.
-    /// Returns each row group's greedy pick and the head's hidden state there.
-    fn forward(
-        &mut self,
-        jobs: &[MtpJob<'_>],
-        pass: &[Rows],
-    ) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
-        let ps = self.pool.page_size();
-        let n_cells = self.kv.n_cells(0);
-        let mut b = StepBatch {
-            kv_slots: vec![Vec::new()],
-            ..StepBatch::default()
-        };
-        let mut h_in = Vec::new();
-        for r in pass {
-            let seq = jobs[r.job].id as SeqId;
-            let end = r.start + r.tokens.len();
-            let held = self.pool.n_tokens(seq).unwrap_or(0);
-            if held < end {
-                // A draft row: its cell was not appended with the catch-up.
-                self.pool
-                    .append_slots(seq, end - held)
-                    .map_err(|e| ModelError::BadBatch(format!("MTP KV: {e}")))?;
-            }
-            let table = self.pool.page_table(seq).expect("started");
-            let row_start = b.tokens.len();
-            for (k, &t) in r.tokens.iter().enumerate() {
-                let pos = r.start + k;
-                b.tokens.push(t);
-                b.positions.push(pos as i32);
-                b.kv_slots[0].push(self.pool.cell(table[pos / ps], pos % ps) as i64);
-            }
-            b.output_rows.push((b.tokens.len() - 1) as i32);
-            b.seqs.push(SeqSpan {
-                row_start,
-                n_rows: r.tokens.len(),
-                views: vec![view(
-                    n_cells,
-                    ps,
-                    &table[..end.div_ceil(ps)],
-                    0,
-                    (r.start, end),
-                    (None, None),
-                    &mut self.masks,
-                )],
-                ..SeqSpan::default()
-            });
-            h_in.extend_from_slice(&r.hidden);
-        }
-        b.hidden_rows = b.output_rows.clone();
-        let greedy = self.model.greedy_on_device();
-        let out = self
-            .model
-            .mtp_forward(&mut self.exec, &self.kv, &b, &h_in, greedy);
-        self.masks.give_back(b);
-        let (out, hidden) = out?;
-        let picks = match out {
-            StepOutput::Tokens(ids) => ids,
-            StepOutput::Logits(l) => l.chunks(self.n_vocab).map(argmax).collect(),
-        };
-        Ok((picks, hidden))
-    }
-}
-
-/// The highest logit's index (the first of ties).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (t, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = t;
-        }
-    }
-    best as u32
 }
