@@ -158,9 +158,11 @@ fn mtp_drafts_match_llama_cpp() {
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
             .collect();
-        let own = all
-            .iter()
-            .find(|f| f["kernel_set"]["fingerprint"].as_str() == Some(ks.fingerprint().as_str()));
+        let cg = common::codegen();
+        let own = all.iter().find(|f| {
+            f["kernel_set"]["fingerprint"].as_str() == Some(ks.fingerprint().as_str())
+                && f["codegen"].as_str().is_none_or(|c| c == cg)
+        });
         let Some(fx) = own.or(all.first()) else {
             panic!("{dir}: no MTP fixture");
         };

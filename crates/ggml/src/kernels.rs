@@ -15,6 +15,10 @@ use std::fmt;
 ///
 /// AMX is left out: Tempo9 never uses ggml's AMX buffer type, and the reference
 /// fixtures are recorded with it refused, so AMX hardware does not change numbers.
+/// `AVX_VNNI` is left out where `AVX512_VNNI` is present: every x86 kernel that
+/// could use the VEX-encoded `vpdpbusd` takes the EVEX one first then (ggml-cpu's
+/// `#if __AVX512VNNI__ && __AVX512VL__ ... #elif __AVXVNNI__`), so an Intel
+/// Sapphire Rapids (both) and an AMD Zen 4 (only the AVX-512 one) run the same code.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KernelSet {
     /// CPU architecture (`x86_64`, `aarch64`, ...).
@@ -56,13 +60,14 @@ impl KernelSet {
                 ("LLAMAFILE", s::ggml_cpu_has_llamafile()),
             ]
         };
+        let on: Vec<&'static str> = flags
+            .iter()
+            .filter(|(_, on)| *on != 0)
+            .map(|(name, _)| *name)
+            .collect();
         KernelSet {
             arch: std::env::consts::ARCH,
-            features: flags
-                .iter()
-                .filter(|(_, on)| *on != 0)
-                .map(|(name, _)| *name)
-                .collect(),
+            features: kernel_features(&on),
         }
     }
 
@@ -85,6 +90,16 @@ impl KernelSet {
     }
 }
 
+/// The features among `on` that select kernels: all but `AVX_VNNI` where
+/// `AVX512_VNNI` is on (see [`KernelSet`]).
+fn kernel_features(on: &[&'static str]) -> Vec<&'static str> {
+    let shadowed = on.contains(&"AVX512_VNNI");
+    on.iter()
+        .copied()
+        .filter(|f| !(shadowed && *f == "AVX_VNNI"))
+        .collect()
+}
+
 impl fmt::Display for KernelSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.fingerprint())
@@ -104,6 +119,16 @@ mod tests {
             assert!(k.features.contains(&"AVX2"), "{k}");
         }
         assert!(!k.features.contains(&"AMX_INT8"));
+        assert!(!(k.features.contains(&"AVX_VNNI") && k.features.contains(&"AVX512_VNNI")));
         eprintln!("{} = {}", k.short_name(), k.fingerprint());
+    }
+
+    #[test]
+    fn avx_vnni_is_shadowed_by_avx512_vnni() {
+        let intel = ["AVX", "AVX_VNNI", "AVX2", "AVX512", "AVX512_VNNI"];
+        let amd = ["AVX", "AVX2", "AVX512", "AVX512_VNNI"];
+        assert_eq!(kernel_features(&intel), kernel_features(&amd));
+        let alder_lake = ["AVX", "AVX_VNNI", "AVX2"];
+        assert_eq!(kernel_features(&alder_lake), alder_lake);
     }
 }
