@@ -135,6 +135,63 @@ def test_codex_turns_are_cached(qwen):
     assert usage["input_tokens_details"]["cached_tokens"] >= prompt1 - 192 > 0
 
 
+CODEX_DEFAULT_TOOLS = {
+    # Codex 0.171's request for its own default models: no `tools`, but an
+    # `additional_tools` input item with namespaces and a free-form `exec` tool
+    # (bench/agents/logs/2026-12-04/codex/requests.jsonl, shortened).
+    "type": "additional_tools", "role": "developer", "tools": [
+        {"type": "namespace", "name": "functions", "description": "", "tools": [
+            {"type": "custom", "name": "exec", "description": "Run JavaScript code to orchestrate tool calls.",
+             "format": {"type": "grammar", "syntax": "lark",
+                        "definition": "start: plain_source\nplain_source: SOURCE\nSOURCE: /[\\s\\S]+/\n"}},
+            {"type": "function", "name": "wait", "description": "Wait for a running exec cell.", "strict": False,
+             "parameters": {"type": "object", "properties": {"cell_id": {"type": "string"}}, "required": ["cell_id"]}}]},
+        {"type": "namespace", "name": "clock", "description": "Time tools.", "tools": [
+            {"type": "function", "name": "sleep", "description": "Sleep.", "strict": False,
+             "parameters": {"type": "object", "properties": {"ms": {"type": "integer"}}}}]}]}
+
+
+def test_codex_default_model_tools_are_offered_and_called(qwen):
+    """The free-form `exec` and namespaced tools reach the model; a call of `exec`
+    comes back as a `custom_tool_call` with text input, and the next turn, which
+    carries that call and its `custom_tool_call_output`, is answered from cache."""
+    user = {"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "List the files in the current directory."}]}
+    body = {"model": qwen.name, "stream": True, "input": [CODEX_DEFAULT_TOOLS, user],
+            "tool_choice": {"type": "custom", "name": "exec"}, "parallel_tool_calls": False,
+            "store": False, "max_output_tokens": 48, "temperature": 0}
+    events, items, usage = [], [], None
+    with httpx.stream("POST", qwen.base + "/v1/responses", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                d = json.loads(line[6:])
+                events.append(d["type"])
+                if d["type"] == "response.output_item.done":
+                    items.append(d["item"])
+                if d["type"] in ("response.completed", "response.incomplete"):
+                    usage = d["response"]["usage"]
+    calls = [i for i in items if i["type"] == "custom_tool_call"]
+    assert len(calls) == 1, items
+    assert calls[0]["name"] == "exec" and isinstance(calls[0]["input"], str) and calls[0]["input"]
+    assert "response.custom_tool_call_input.done" in events
+    assert not any(i["type"] == "function_call" for i in items)
+    # Turn 2: the call and its output in the history.
+    body2 = dict(body, stream=False, tool_choice="auto", input=[
+        CODEX_DEFAULT_TOOLS, user,
+        {"type": "custom_tool_call", "call_id": calls[0]["call_id"], "name": "exec", "input": calls[0]["input"]},
+        {"type": "custom_tool_call_output", "call_id": calls[0]["call_id"], "output": "hello.txt\nnotes.md"}])
+    r2 = httpx.post(qwen.base + "/v1/responses", json=body2, timeout=300)
+    assert r2.status_code == 200, r2.text
+    assert r2.json()["usage"]["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"] - 192 > 0
+    # A namespaced function, named as Codex names it, is called with its namespace.
+    body3 = dict(body, stream=False, tool_choice={"type": "function", "namespace": "clock", "name": "sleep"})
+    out = httpx.post(qwen.base + "/v1/responses", json=body3, timeout=300).json()["output"]
+    fc = [o for o in out if o["type"] == "function_call"]
+    assert fc and fc[0]["name"] == "sleep" and fc[0]["namespace"] == "clock", out
+    json.loads(fc[0]["arguments"])
+
+
 @pytest.fixture(scope="module")
 def smol_keepalive():
     """SmolLM2 with keep-alive events every 20 ms (instead of 15 s)."""

@@ -1,6 +1,9 @@
-//! OpenAI Responses API: `POST /v1/responses` with messages, function tools and
-//! the streaming event sequence (`response.created` … `response.completed`).
+//! OpenAI Responses API: `POST /v1/responses` with messages, tools (function,
+//! free-form and namespaced: `tools.rs`) and the streaming event sequence
+//! (`response.created` … `response.completed`).
 //! Stateless: `previous_response_id` is refused (nothing is stored).
+
+pub mod tools;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +18,6 @@ use tempo9_engine::Usage;
 use crate::chat::{random_id, unix_time, GenEvent, GenParams, Prompt, Stop, ToolChoice};
 use crate::error::{ApiError, ErrorKind, Family};
 use crate::openai::{boolean, sampling, uint};
-use crate::tools::ToolCall;
 use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState, GenSlot};
 
 const F: Family = Family::OpenAi;
@@ -71,10 +73,20 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                         }
                         out.push(m);
                     }
-                    "function_call" => {
+                    // A free-form tool's earlier call renders as a function call
+                    // with its text in `input`, as the tool was offered (tools.rs).
+                    "function_call" | "custom_tool_call" => {
+                        let name = tools::flat_name(
+                            it["namespace"].as_str(),
+                            it["name"].as_str().unwrap_or(""),
+                        );
+                        let arguments = if ty == "custom_tool_call" {
+                            json!({"input": it["input"].as_str().unwrap_or("")}).to_string()
+                        } else {
+                            it["arguments"].as_str().unwrap_or("{}").to_string()
+                        };
                         let call = json!({"id": it["call_id"].as_str().unwrap_or(""), "type": "function",
-                            "function": {"name": it["name"].as_str().unwrap_or(""),
-                                         "arguments": it["arguments"].as_str().unwrap_or("{}")}});
+                            "function": {"name": name, "arguments": arguments}});
                         // Consecutive calls belong to one assistant turn.
                         match out.last_mut() {
                             Some(last)
@@ -97,7 +109,7 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                             }
                         }
                     }
-                    "function_call_output" => {
+                    "function_call_output" | "custom_tool_call_output" => {
                         let output = match &it["output"] {
                             Value::String(s) => s.clone(),
                             o => part_text(o),
@@ -147,37 +159,9 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
-/// Responses function tools (`{type: "function", name, parameters}`) → chat tools,
-/// from `tools` and from `additional_tools` input items (where Codex puts them
-/// for its own default models). Built-in, custom (free-form) and namespaced
-/// tools cannot be called here and are skipped.
+/// The chat tools a request offers the model (see [`tools::Catalog`]).
 pub fn to_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
-    let items = v["input"].as_array().into_iter().flatten();
-    let extra = items.filter(|it| it["type"] == "additional_tools");
-    let arr = v["tools"]
-        .as_array()
-        .into_iter()
-        .chain(extra.filter_map(|it| it["tools"].as_array()))
-        .flatten();
-    let mut out = Vec::new();
-    for t in arr {
-        // Deferred tools are only reachable through tool search, which is not run here.
-        if t["type"] != "function" || t["defer_loading"] == true {
-            continue;
-        }
-        let name = t["name"]
-            .as_str()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| ApiError::bad_param(F, "tools", "function tools need a name"))?;
-        let mut f = json!({"name": name,
-            "parameters": t.get("parameters").filter(|p| !p.is_null()).cloned()
-                .unwrap_or(json!({"type": "object", "properties": {}}))});
-        if let Some(d) = t["description"].as_str() {
-            f["description"] = json!(d);
-        }
-        out.push(json!({"type": "function", "function": f}));
-    }
-    Ok(out)
+    Ok(tools::Catalog::of_request(v)?.chat_tools)
 }
 
 fn tool_choice(v: &Value) -> Result<ToolChoice, ApiError> {
@@ -195,7 +179,7 @@ fn tool_choice(v: &Value) -> Result<ToolChoice, ApiError> {
         },
         o => o["name"]
             .as_str()
-            .map(|n| ToolChoice::Named(n.to_string()))
+            .map(|n| ToolChoice::Named(tools::flat_name(o["namespace"].as_str(), n)))
             .ok_or_else(|| {
                 ApiError::bad_param(F, "tool_choice", "tool_choice must name a function")
             }),
@@ -220,11 +204,6 @@ fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
     json!({"id": id, "type": "reasoning", "status": status, "summary": [],
            "content": if status == "in_progress" { json!([]) } else {
                json!([{"type": "reasoning_text", "text": text}]) }})
-}
-
-fn call_item(id: &str, call_id: &str, call: &ToolCall, status: &str) -> Value {
-    json!({"id": id, "type": "function_call", "status": status, "call_id": call_id,
-           "name": call.name, "arguments": if status == "in_progress" { "" } else { call.arguments.as_str() }})
 }
 
 /// The fields every response object carries, echoing the request.
@@ -294,7 +273,8 @@ pub async fn create(
     .map_err(|e| ApiError::bad_param(F, "text.format", e.to_string()))?
     .flatten();
     let messages = to_messages(&v)?;
-    let tools = to_tools(&v)?;
+    let catalog = tools::Catalog::of_request(&v)?;
+    let tools = catalog.chat_tools.clone();
     let choice = tool_choice(&v)?;
     let parallel = boolean(&v, "parallel_tool_calls", F)?.unwrap_or(true);
     let stream = boolean(&v, "stream", F)?.unwrap_or(false);
@@ -354,8 +334,9 @@ pub async fn create(
             &c.calls[..c.calls.len().min(1)]
         };
         for call in calls {
-            output.push(call_item(
-                &format!("fc_{}", random_id(24)),
+            let prefix = if catalog.is_custom(call) { "ctc" } else { "fc" };
+            output.push(catalog.call_item(
+                &format!("{prefix}_{}", random_id(24)),
                 &format!("call_{}", random_id(24)),
                 call,
                 "completed",
@@ -489,24 +470,37 @@ pub async fn create(
                         close_thinking(&mut thinking, &mut output, &mut out, &mut ev);
                         close_msg(&mut msg, &mut output, &mut out, &mut ev);
                         let oi = output.len();
-                        let item_id = format!("fc_{}", random_id(24));
+                        let custom = catalog.is_custom(&call);
+                        let item_id =
+                            format!("{}_{}", if custom { "ctc" } else { "fc" }, random_id(24));
                         let call_id = format!("call_{}", random_id(24));
                         out.push(ev(
                             "response.output_item.added",
                             json!({"output_index": oi,
-                            "item": call_item(&item_id, &call_id, &call, "in_progress")}),
+                            "item": catalog.call_item(&item_id, &call_id, &call, "in_progress")}),
                         ));
-                        out.push(ev(
-                            "response.function_call_arguments.delta",
-                            json!({"item_id": item_id,
-                            "output_index": oi, "delta": call.arguments}),
-                        ));
-                        out.push(ev(
-                            "response.function_call_arguments.done",
-                            json!({"item_id": item_id,
-                            "output_index": oi, "name": call.name, "arguments": call.arguments}),
-                        ));
-                        let item = call_item(&item_id, &call_id, &call, "completed");
+                        let item = catalog.call_item(&item_id, &call_id, &call, "completed");
+                        if custom {
+                            out.push(ev(
+                                "response.custom_tool_call_input.delta",
+                                json!({"item_id": item_id, "output_index": oi, "delta": item["input"]}),
+                            ));
+                            out.push(ev(
+                                "response.custom_tool_call_input.done",
+                                json!({"item_id": item_id, "output_index": oi, "input": item["input"]}),
+                            ));
+                        } else {
+                            out.push(ev(
+                                "response.function_call_arguments.delta",
+                                json!({"item_id": item_id,
+                                "output_index": oi, "delta": call.arguments}),
+                            ));
+                            out.push(ev(
+                                "response.function_call_arguments.done",
+                                json!({"item_id": item_id,
+                                "output_index": oi, "name": item["name"], "arguments": call.arguments}),
+                            ));
+                        }
                         out.push(ev(
                             "response.output_item.done",
                             json!({"output_index": oi, "item": item.clone()}),
@@ -609,9 +603,40 @@ mod tests {
             .iter()
             .map(|t| t["function"]["name"].clone())
             .collect();
-        assert_eq!(names, [json!("f"), json!("h")]);
+        assert_eq!(
+            names,
+            [json!("f"), json!("h"), json!("exec"), json!("clock__sleep")]
+        );
         let m = to_messages(&v).unwrap();
         assert_eq!(m, [json!({"role": "user", "content": "Hi"})]);
+    }
+
+    #[test]
+    fn custom_and_namespaced_calls_in_the_history() {
+        let v = json!({"input": [
+            {"role": "user", "content": "List files"},
+            {"type": "custom_tool_call", "call_id": "c1", "name": "exec", "input": "text(1)"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "1"},
+            {"type": "function_call", "call_id": "c2", "namespace": "clock", "name": "sleep", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c2", "output": "slept"}]});
+        let m = to_messages(&v).unwrap();
+        assert_eq!(m[1]["tool_calls"][0]["function"]["name"], "exec");
+        assert_eq!(
+            m[1]["tool_calls"][0]["function"]["arguments"],
+            r#"{"input":"text(1)"}"#
+        );
+        assert_eq!(
+            m[2],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "1"})
+        );
+        assert_eq!(m[3]["tool_calls"][0]["function"]["name"], "clock__sleep");
+        assert_eq!(
+            tool_choice(
+                &json!({"tool_choice": {"type": "function", "namespace": "clock", "name": "sleep"}})
+            )
+            .unwrap(),
+            ToolChoice::Named("clock__sleep".into())
+        );
     }
 
     #[test]
