@@ -17,12 +17,20 @@
 #               its common/ is byte-identical to the crate's). Skipped when missing.
 # Carry .llama-src (or .llama-src.tar.xz) .gpu-carry (and .gpu-cache) to the GPU machine; build-cuda.sh
 # builds from .ggml-src, else from .llama-src/ggml (same files).
+# The carried binary and CPU libraries must run on the GPU host's CPU, which is not
+# this machine's: a `target-cpu=native` build of an AMD Zen 4 dies there with SIGILL
+# (seen 2026-12-04 on the H200's Xeon). So the default is the portable x86-64-v3 build
+# (AVX2/FMA/F16C/BMI2):
+#   TEMPO9_TARGET_CPU=x86-64-v3: CARGO_TARGET_DIR=~/.cache/tempo9/target-x86-64-v3 \
+#     RUSTFLAGS='-C target-cpu=x86-64-v3 -C link-arg=-Wl,-rpath,$ORIGIN' cargo build --release -p tempo9-cli
+# (the CPU backend only runs what the GPU does not: its speed does not matter there).
 # Usage: scripts/gpu/prepare.sh [TARGET_RELEASE_DIR]
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 version=$(grep -A1 '^name = "llama-cpp-sys-2"' "$root/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p')
 src=$(ls -d "$HOME"/.cargo/registry/src/*/llama-cpp-sys-2-"$version"/llama.cpp/ggml | head -1)
-bin=${1:-${CARGO_TARGET_DIR:-$HOME/.cache/tempo9/target}/release}
+bin=${1:-$HOME/.cache/tempo9/target-x86-64-v3/release}
+[ -x "$bin/tempo9" ] || { echo "no tempo9 binary in $bin: build it for x86-64-v3 (see above)" >&2; exit 1; }
 
 rm -rf "$root/.ggml-src"
 mkdir -p "$root/.ggml-src/src"

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -85,6 +85,15 @@
 #   mtp35   single-stream decode of a chat prompt on the hybrid file with the MTP head
 #           drafting k = 1..4 (its random drafts all rejected: the cost per drafted
 #           token) against no drafts (MTP35_VARIANTS to choose the runs)
+#   host35  where a batch-1 decode step's host time goes on the hybrid file: the engine's
+#           step and forward logs (plan / assemble / build / inputs / compute / sample ms,
+#           host35.txt), and with Nsight Systems (when the image has nsys) the CUDA API
+#           calls per decode step of Tempo9 and llama-bench (host35-nsys.txt)
+#   arch30  issue 30's shapes: GPT-OSS-20B (MXFP4 experts) and Gemma-4-26B-A4B written by
+#           synth-gguf; pp512/tg256 Tempo9 and llama-bench alternated, 1/8/32 streams
+#           against llama-batched-bench; and the tiny gpt-oss/gemma4/gemma4moe/llama3/
+#           mistral3 files' greedy tokens on CUDA against the CPU (check-device) and
+#           against llama.cpp's own CPU and CUDA runs (llama-greedy), as `qwen` does
 #   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
@@ -138,7 +147,7 @@ if has build; then
     fi
 fi
 
-if { has llamabench || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has ncu35d || has batched35 || has batched30; } && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has host35 || has arch30 || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has ncu35d || has batched35 || has batched30; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -641,6 +650,102 @@ if has pdlbisect; then
         probe GGML_CUDA_PDL=1 GGML_CUDA_PDL_OPS=$op
         probe GGML_CUDA_PDL=1 GGML_CUDA_PDL_NOT_OPS=$op
     done
+fi
+
+if has host35; then
+    say host35
+    write_hybrid_file || exit 1
+    # The engine's own split: `step` lines (plan/assemble/forward/sample) and `forward`
+    # lines (build/inputs/compute) of the steady single-stream decode steps.
+    TEMPO9_LOG=info,tempo9_engine=debug,tempo9_models=debug $T bench --gguf "$hf" --device cuda \
+        --pp 16 --tg 256 --reps 1 2>"$work/host35.log" \
+        | sed 's/^{/{"variant":"host35",/' | tee -a "$out/results.jsonl"
+    python3 "$root/scripts/gpu/step-log.py" "$work/host35.log" 1 | tee "$out/host35.txt"
+    python3 - "$work/host35.log" <<'PY' | tee -a "$out/host35.txt"
+import re, statistics, sys
+ansi = re.compile(r"\x1b\[[0-9;]*m"); field = re.compile(r"(\w+)=([0-9.]+)")
+rows = []
+for line in open(sys.argv[1], errors="replace"):
+    line = ansi.sub("", line)
+    if " forward" in line and "compute_ms=" in line:
+        d = {k: float(v) for k, v in field.findall(line)}
+        if d.get("rows") == 1:
+            rows.append(d)
+rows = rows[len(rows) // 4:]  # steady steps only
+for k in ("build_ms", "inputs_ms", "compute_ms"):
+    print("forward %s median %.3f ms over %d single-row steps" % (k, statistics.median(r[k] for r in rows), len(rows)))
+PY
+    NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys \
+        /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+    if [ -n "$NSYS" ]; then
+        $NSYS profile -t cuda,nvtx -o "$work/t9" -f true $T bench --gguf "$hf" --device cuda \
+            --pp 16 --tg 128 --reps 1 >/dev/null 2>>"$out/run.log"
+        [ "${llama_rc:-1}" = 0 ] && $NSYS profile -t cuda,nvtx -o "$work/ll" -f true \
+            bash "$root/scripts/gpu/llama-bench.sh" run "$hf" -p 0 -n 128 -r 1 -fa 1 >/dev/null 2>>"$out/run.log"
+        for r in t9 ll; do
+            [ -f "$work/$r.nsys-rep" ] || continue
+            echo "### $r" >>"$out/host35-nsys.txt"
+            $NSYS stats -r cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum -f csv \
+                "$work/$r.nsys-rep" >>"$out/host35-nsys.txt" 2>&1
+        done
+        head -c 3000 "$out/host35-nsys.txt"
+    else
+        echo "no nsys in this image" | tee -a "$out/host35.txt"
+    fi
+fi
+
+if has arch30; then
+    say arch30
+    for m in gpt-oss-20b gemma-4-26b-a4b; do
+        f="$work/$m.gguf"
+        t0=$SECONDS
+        $T synth-gguf --preset $m --unique-mib 4 --out "$f.part" 2>>"$out/run.log" && mv "$f.part" "$f" \
+            || { echo "synth-gguf $m failed"; continue; }
+        echo "wrote $m ($(du -h "$f" | cut -f1)) in $((SECONDS - t0)) s" | tee -a "$out/run.log"
+        for rep in 1 2; do
+            $T bench --gguf "$f" --device cuda --pp 512 --tg 256 --reps 1 2>>"$out/run.log" \
+                | sed "s/^{/{\"model\":\"$m\",\"rep\":$rep,/" | tee -a "$out/results.jsonl"
+            [ "${llama_rc:-1}" = 0 ] && bash "$root/scripts/gpu/llama-bench.sh" run "$f" -p 512 -n 256 -fa 1 -r 1 \
+                -o jsonl 2>>"$out/run.log" | sed "s/^{/{\"model\":\"$m\",\"rep\":$rep,/" | tee -a "$out/llama-bench.jsonl"
+        done
+        $T bench --gguf "$f" --device cuda --streams 1,8,32 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
+            | sed "s/^{/{\"model\":\"$m\",/" | tee -a "$out/results.jsonl"
+        if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
+            LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$f" -c 20480 \
+                -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 -fa 1 --output-format jsonl 2>>"$out/run.log" \
+                | grep '^{' | sed "s/^{/{\"model\":\"$m\",/" | tee -a "$out/llama-batched.jsonl"
+        fi
+        rm -f "$f"
+    done
+    cmp="python3 $root/scripts/gpu/greedy-compare.py"
+    lg=""
+    if [ "${llama_rc:-1}" = 0 ]; then
+        lb=/tmp/llama-build
+        g++ -O2 -std=c++17 -I"$root/.llama-src/include" -I"$root/.llama-src/ggml/include" \
+            "$root/scripts/gpu/llama-greedy.cpp" -L"$lb/bin" -lllama -lggml -lggml-base \
+            -Wl,-rpath,"$lb/bin" -o "$lb/bin/llama-greedy" && lg="$lb/bin/llama-greedy"
+    fi
+    raw="$work/arch30-raw"
+    mkdir -p "$raw"
+    # Synthetic vocabularies (no vocab files carried): random-id prompts only.
+    for m in gpt-oss gemma4 gemma4moe llama3 mistral3; do
+        f="$work/$m-tiny.gguf"
+        $T synth-gguf --preset $m-tiny --quant q8_0 --seed 1 --out "$f" 2>>"$out/run.log" \
+            || { echo "synth-gguf $m-tiny failed"; continue; }
+        $T check-device --gguf "$f" --device cuda --prompts 10 --tokens 64 \
+            --dump "$raw/$m.random.tempo9.json" 2>>"$out/run.log" \
+            | sed "s/^{/{\"model\":\"$m-tiny\",/" | tee -a "$out/results.jsonl"
+        [ -n "$lg" ] || continue
+        $cmp prompts "$raw/$m.random.tempo9.json" >"$raw/$m.random.prompts.txt"
+        CUDA_VISIBLE_DEVICES= $lg "$f" "$raw/$m.random.prompts.txt" 64 0 \
+            >"$raw/$m.random.llama-cpu.jsonl" 2>>"$work/llama-greedy.log"
+        $lg "$f" "$raw/$m.random.prompts.txt" 64 99 \
+            >"$raw/$m.random.llama-cuda.jsonl" 2>>"$work/llama-greedy.log"
+        $cmp compare "$raw/$m.random.tempo9.json" llama_cpu="$raw/$m.random.llama-cpu.jsonl" \
+            llama_cuda="$raw/$m.random.llama-cuda.jsonl" \
+            | sed "s/^{/{\"model\":\"$m-tiny\",\"prompts\":\"random\",/" | tee -a "$out/arch30-compare.jsonl"
+    done
+    tar -C "$work" -czf "$out/arch30-raw.tar.gz" arch30-raw
 fi
 
 if has mtp35; then
