@@ -2,6 +2,7 @@
 returns a Cell: pass / fail / not run, a short reason and its numbers."""
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -64,29 +65,43 @@ def complete_ids(base, ids, timeout):
             "n": body["usage"]["completion_tokens"]}
 
 
+SPECIAL_PIECE = re.compile(r"<[^<>\s]+>")
+
+
+def pieces_pattern(pieces):
+    """A regex of the text the pieces spell. The API gives each token's text with an
+    incomplete UTF-8 sequence (a character split over tokens) as U+FFFD, so each
+    U+FFFD stands for at most one character of the whole text; and it names a
+    control token (`<|reserved_special_token_56|>`) whose text neither engine's
+    response text holds, so such a piece may spell nothing."""
+    out = []
+    for p in pieces:
+        piece = "".join("(?:.|)" if ch == "\ufffd" else re.escape(ch) for ch in p)
+        out.append("(?:%s|)" % piece if SPECIAL_PIECE.fullmatch(p) else piece)
+    return "".join(out)
+
+
 def first_diff_step(pieces, want_text):
     """The generation step where our pieces stop spelling the fixture's text."""
-    acc = ""
-    for i, p in enumerate(pieces):
-        acc += p
-        if not want_text.startswith(acc):
+    for i in range(len(pieces)):
+        if not re.match(pieces_pattern(pieces[:i + 1]), want_text, re.S):
             return i
     return len(pieces)
 
 
 def compare_case(case, got):
-    """(identical?, detail) of one generation against one fixture case. The server
-    stops at an end-of-generation token where llama.cpp's `ignore_eos` masked it, so
-    a generation ending exactly at the fixture's first masked step counts as identical
-    (the steps after it are llama.cpp's with the token forbidden)."""
+    """(identical?, detail) of one generation against one fixture case: the same
+    number of tokens, and our tokens' pieces spell llama.cpp's text (the tokens,
+    not the response text, which is checked on its own by text_difference). The
+    server stops at an end-of-generation token where llama.cpp's `ignore_eos`
+    masked it, so a generation ending exactly at the fixture's first masked step
+    counts as identical (the steps after it are llama.cpp's with the token forbidden)."""
     want = case["text"]
     masked = case.get("argmax_mismatch_steps") or []
-    # The tokens' pieces, not the response text: greedy parity is about tokens, and
-    # the text is checked on its own (text_difference).
-    spelled = "".join(got["pieces"])
-    if spelled == want and got["n"] == len(case["tokens"]):
+    pattern = pieces_pattern(got["pieces"])
+    if got["n"] == len(case["tokens"]) and re.fullmatch(pattern, want, re.S):
         return True, None
-    if got["finish"] == "stop" and masked and got["n"] == masked[0] and want.startswith(spelled):
+    if got["finish"] == "stop" and masked and got["n"] == masked[0] and re.match(pattern, want, re.S):
         return True, None
     step = first_diff_step(got["pieces"], want)
     top = case["top"][step] if step < len(case["top"]) else None
@@ -95,14 +110,13 @@ def compare_case(case, got):
 
 
 def text_difference(case, got):
-    """Where the response text differs from its own tokens' pieces (which spell
-    llama.cpp's text when the tokens agree): (char offset, ours, llama.cpp's) or None."""
-    spelled = "".join(got["pieces"])
-    if got["text"] == spelled:
+    """Where the response text differs from llama.cpp's although the tokens agree:
+    {case, char offset, ours, llama.cpp's} or None."""
+    ours, want = got["text"], case["text"]
+    if ours == want or (got["finish"] == "stop" and want.startswith(ours)):
         return None
-    k = next((i for i, (a, b) in enumerate(zip(got["text"], spelled)) if a != b), min(len(got["text"]), len(spelled)))
-    return {"case": case["name"], "char": k, "ours": got["text"][max(0, k - 4):k + 6],
-            "pieces": spelled[max(0, k - 4):k + 6]}
+    k = next((i for i, (a, b) in enumerate(zip(ours, want)) if a != b), min(len(ours), len(want)))
+    return {"case": case["name"], "char": k, "ours": ours[max(0, k - 4):k + 6], "llama": want[max(0, k - 4):k + 6]}
 
 
 def max_logprob_diff(case, got):
@@ -143,9 +157,8 @@ def greedy_alone(base, fixture, tie, timeout):
     reason += "; top-1 log-probabilities within %.2g on the common steps" % lp
     if texts:
         t = texts[0]
-        reason += ("; in %d case(s) of equal tokens the response text is not the tokens' pieces "
-                   "(`%s` at char %d: %r where the pieces spell %r)" % (len(texts), t["case"], t["char"],
-                                                                       t["ours"], t["pieces"]))
+        reason += ("; in %d case(s) of equal tokens the response text differs from llama.cpp's "
+                   "(`%s` at char %d: %r, llama.cpp %r)" % (len(texts), t["case"], t["char"], t["ours"], t["llama"]))
     return Cell(PASS if not bad else FAIL, reason, nums), outs
 
 
@@ -273,7 +286,21 @@ def tool_check(client):
              max_tokens=256, temperature=0)
     m = r.choices[0].message
     if not m.tool_calls:
-        return Cell(FAIL, "no tool call (finish %s): %r" % (r.choices[0].finish_reason, (m.content or "")[:80]))
+        # Still check the way back: a client-made call and its result through the template.
+        back = [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temp": 21})}]
+        try:
+            r2 = chat(client, messages=msgs + back, tools=[WEATHER_TOOL], max_tokens=16, temperature=0)
+            after = "a client-made call's result sent back was answered (%d prompt tokens)" % r2.usage.prompt_tokens
+        except Exception as e:  # part of this cell's reason
+            after = "a client-made call's result sent back failed: %s" % str(e)[:120]
+        reasoning = getattr(m, "reasoning_content", None) or ""
+        return Cell(FAIL, "tool_choice required gave no tool call in 256 tokens (finish %s, %d characters of "
+                    "content, %d of reasoning); %s" % (r.choices[0].finish_reason, len(m.content or ""),
+                                                       len(reasoning), after),
+                    {"content": (m.content or "")[:200], "reasoning": reasoning[:200]})
     call = m.tool_calls[0]
     try:
         args = json.loads(call.function.arguments)
