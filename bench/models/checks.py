@@ -94,14 +94,17 @@ def compare_case(case, got):
     number of tokens, and our tokens' pieces spell llama.cpp's text (the tokens,
     not the response text, which is checked on its own by text_difference). The
     server stops at an end-of-generation token where llama.cpp's `ignore_eos`
-    masked it, so a generation ending exactly at the fixture's first masked step
+    masked it, so a generation ending with that token at the fixture's first masked step
     counts as identical (the steps after it are llama.cpp's with the token forbidden)."""
     want = case["text"]
     masked = case.get("argmax_mismatch_steps") or []
     pattern = pieces_pattern(got["pieces"])
     if got["n"] == len(case["tokens"]) and re.fullmatch(pattern, want, re.S):
         return True, None
-    if got["finish"] == "stop" and masked and got["n"] == masked[0] and re.match(pattern, want, re.S):
+    # The end-of-generation token itself is counted, and named by the last piece.
+    ended = got["pieces"] and SPECIAL_PIECE.fullmatch(got["pieces"][-1])
+    if got["finish"] == "stop" and masked and got["n"] - (1 if ended else 0) == masked[0] \
+            and re.match(pattern, want, re.S):
         return True, None
     step = first_diff_step(got["pieces"], want)
     top = case["top"][step] if step < len(case["top"]) else None

@@ -267,7 +267,7 @@ def run_file(mf, ks, cg, engine, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", help="comma-separated file names (files.py) to run")
+    ap.add_argument("--only", help="comma-separated file names (files.py) to run, in this order; merged into the results file")
     ap.add_argument("--render-only", action="store_true", help="re-render docs/models.md from committed results")
     ap.add_argument("--out", help="results JSON (default bench/models/results/<date>-<machine>.json)")
     ap.add_argument("--machine", default=socket.gethostname().split(".")[0], help="machine label of the results")
@@ -294,13 +294,17 @@ def main():
     })
     results.setdefault("files", {})
     engine = None if args.no_engine_tests else run_engine_tests()
-    only = set(args.only.split(",")) if args.only else None
-    # Smallest files first: the slowest (largest) come last.
-    by_size = sorted(FILES, key=lambda mf: os.path.getsize(os.path.join(MODELS, mf.file))
-                     if os.path.exists(os.path.join(MODELS, mf.file)) else 0)
-    for mf in by_size:
-        if only and mf.name not in only:
-            continue
+    # --only's order, else the smallest files first (the slowest, largest, last).
+    if args.only:
+        by_name = {mf.name: mf for mf in FILES}
+        unknown = [n for n in args.only.split(",") if n not in by_name]
+        if unknown:
+            sys.exit("unknown files: %s (see files.py)" % ", ".join(unknown))
+        order = [by_name[n] for n in args.only.split(",")]
+    else:
+        order = sorted(FILES, key=lambda mf: os.path.getsize(os.path.join(MODELS, mf.file))
+                       if os.path.exists(os.path.join(MODELS, mf.file)) else 0)
+    for mf in order:
         print("%s (%s)" % (mf.name, mf.file), file=sys.stderr)
         t0 = time.time()
         row = run_file(mf, ks, cg, engine, args)

@@ -47,8 +47,9 @@ def load_results(results_dir=RESULTS):
         r = json.load(open(path))
         r["path"] = os.path.relpath(path, ROOT)
         key = (r["machine"], r["kernel_set"], r.get("codegen"))
-        runs.setdefault(key, {"meta": r, "files": {}})
+        runs.setdefault(key, {"meta": r, "files": {}, "paths": []})
         runs[key]["meta"] = r
+        runs[key]["paths"].append(r["path"])
         runs[key]["files"].update(r["files"])
     return list(runs.values())
 
@@ -100,11 +101,11 @@ def render(runs, cuda):
         label = "%s / %s" % (m["kernel_set"], m.get("codegen") or "?")
         heads.append(label)
     lines.append("Runs (CPU, %s): %s." % (
-        "one column group each" if len(runs) > 1 else "one run",
-        "; ".join("`%s` on %s (%s, codegen `%s`, %d threads, Tempo9 `%s`, %s): [`%s`](../%s)" % (
+        "one column group each" if len(runs) > 1 else "one machine",
+        "; ".join("`%s` on %s (%s, codegen `%s`, %d threads, Tempo9 `%s`, %s): %s" % (
             r["meta"]["kernel_set"], r["meta"]["machine"], r["meta"]["cpu"], r["meta"].get("codegen"),
-            r["meta"]["threads"], r["meta"]["tempo9"], r["meta"]["date"], os.path.basename(r["meta"]["path"]),
-            r["meta"]["path"]) for r in runs)))
+            r["meta"]["threads"], r["meta"]["tempo9"], r["meta"]["date"],
+            ", ".join("[`%s`](../%s)" % (os.path.basename(p), p) for p in r["paths"])) for r in runs)))
     lines.append("")
     cols = ["file", "arch", "kind"]
     for (key, title) in CHECKS:
@@ -137,7 +138,7 @@ def render(runs, cuda):
                 lines.append("On `%s` / `%s` (%s):" % (m["kernel_set"], m.get("codegen"), m["machine"]))
                 lines.append("")
             if not f:
-                lines.append("- not run on this machine")
+                lines.append("- not run: no result for this file in these runs")
                 continue
             for key, title in CHECKS:
                 c = f["cells"].get(key)
