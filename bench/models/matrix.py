@@ -221,10 +221,10 @@ def run_file(mf, ks, cg, engine, args):
                               "max_context": max_ctx}).to_json()
         print("  load %.1f s" % srv.load_s, file=sys.stderr)
         client = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", timeout=args.budget, max_retries=0)
-        fx, why = greedy_fixture(mf, ks, cg)
         if mf.greedy_vision:
-            why = "the fixture's prompts carry images (crates/models/tests/vision.rs checks them)"
-            fx = None
+            fx, why = None, "the fixture's prompts carry images (crates/models/tests/vision.rs checks them)"
+        else:
+            fx, why = greedy_fixture(mf, ks, cg)
         if fx is None:
             cells["greedy_alone"] = cells["greedy_batched"] = Cell(NOT_RUN, why).to_json()
         else:
@@ -255,13 +255,16 @@ def run_file(mf, ks, cg, engine, args):
         print("  chat %s, tools %s, schema %s, long %s" % tuple(
             cells[c]["status"] for c in ("chat", "tool_call", "json_schema", "long_prompt")), file=sys.stderr)
     except Exception:
-        cells.setdefault("load", Cell(FAIL, traceback.format_exc()[-300:]).to_json())
+        stopped = "the matrix stopped on an error: " + traceback.format_exc().strip().splitlines()[-1][:200]
+        cells.setdefault("load", Cell(FAIL, stopped).to_json())
+    else:
+        stopped = "the run stopped before this check"
     finally:
         peak = srv.stop()
         if peak and "load" in cells:
             cells["load"]["numbers"]["peak_rss_mib"] = peak // 1024
     for c in server_checks:
-        cells.setdefault(c, Cell(NOT_RUN, "the run stopped before this check").to_json())
+        cells.setdefault(c, Cell(FAIL if stopped.startswith("the matrix stopped") else NOT_RUN, stopped).to_json())
     return row
 
 

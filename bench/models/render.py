@@ -41,9 +41,11 @@ MARK = {"pass": "pass", "fail": "**fail**", "not run": "not run"}
 
 
 def load_results(results_dir=RESULTS):
-    """Every results JSON, oldest first (a later run of a machine label wins)."""
+    """Every results JSON, merged per machine in name order without the suffix:
+    `<date>-<machine>.json`, then the same day's `<date>-<machine>-<tag>.json` (runs
+    of some files with `--out`), whose rows replace the earlier ones."""
     runs = {}
-    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json")), key=lambda p: p[:-len(".json")]):
         r = json.load(open(path))
         r["path"] = os.path.relpath(path, ROOT)
         key = (r["machine"], r["kernel_set"], r.get("codegen"))
