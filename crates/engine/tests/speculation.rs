@@ -385,7 +385,12 @@ fn sampled_tokens_keep_their_distribution() {
     const N: usize = 200;
     const LEN: usize = 8;
     let sample = |k: usize, seed0: u64| -> Vec<Vec<u32>> {
-        let mut eng = engine(&model, &tok, k);
+        // At most 16 run at once, so every running request may draft (drafting
+        // stops above `max_batch` 16 decoding requests; with the ~44 this KV budget
+        // admits, almost none drafted and the rejection path went untested).
+        let mut c = config(k, None);
+        c.max_running = 16;
+        let mut eng = EngineCore::new(model.clone(), tok.clone(), c).expect("engine");
         let reqs = (0..N as u64)
             .map(|i| {
                 let mut r = Request::new(prompt.clone(), LEN);
