@@ -411,14 +411,7 @@ fi
 if has qwen; then
     say qwen
     V="$root/.gpu-carry/vocab"
-    cmp="python3 $root/scripts/gpu/greedy-compare.py"
-    lg=""
-    if [ "${llama_rc:-1}" = 0 ]; then
-        lb=/tmp/llama-build
-        g++ -O2 -std=c++17 -I"$root/.llama-src/include" -I"$root/.llama-src/ggml/include" \
-            "$root/scripts/gpu/llama-greedy.cpp" -L"$lb/bin" -lllama -lggml -lggml-base \
-            -Wl,-rpath,"$lb/bin" -o "$lb/bin/llama-greedy" && lg="$lb/bin/llama-greedy"
-    fi
+    lg=$(llama_greedy_tool)
     raw="$work/qwen-raw"
     mkdir -p "$raw"
     for m in qwen3 qwen3moe qwen35 qwen35moe; do
@@ -431,21 +424,8 @@ if has qwen; then
         $T synth-gguf --preset $m-tiny --vocab "$V/$voc" --template "$V/templates/$tpl" \
             --quant q8_0 --seed 1 --out "$f" 2>>"$out/run.log"
         sha256sum "$f" | tee -a "$out/run.log"
-        for kind in chat random; do
-            flag=$([ $kind = chat ] && echo --chat)
-            $T check-device --gguf "$f" --device cuda --prompts 10 --tokens 64 $flag \
-                --dump "$raw/$m.$kind.tempo9.json" 2>>"$out/run.log" \
-                | sed "s/^{/{\"model\":\"$m-tiny\",/" | tee -a "$out/results.jsonl"
-            [ -n "$lg" ] || continue
-            $cmp prompts "$raw/$m.$kind.tempo9.json" >"$raw/$m.$kind.prompts.txt"
-            CUDA_VISIBLE_DEVICES= $lg "$f" "$raw/$m.$kind.prompts.txt" 64 0 \
-                >"$raw/$m.$kind.llama-cpu.jsonl" 2>>"$work/llama-greedy.log"
-            $lg "$f" "$raw/$m.$kind.prompts.txt" 64 99 \
-                >"$raw/$m.$kind.llama-cuda.jsonl" 2>>"$work/llama-greedy.log"
-            $cmp compare "$raw/$m.$kind.tempo9.json" llama_cpu="$raw/$m.$kind.llama-cpu.jsonl" \
-                llama_cuda="$raw/$m.$kind.llama-cuda.jsonl" \
-                | sed "s/^{/{\"model\":\"$m-tiny\",\"prompts\":\"$kind\",/" | tee -a "$out/qwen-compare.jsonl"
-        done
+        greedy_vs_llama "$f" "$m" chat "$raw" "$out/qwen-compare.jsonl" --chat
+        greedy_vs_llama "$f" "$m" random "$raw" "$out/qwen-compare.jsonl"
     done
     tar -C "$work" -czf "$out/qwen-raw.tar.gz" qwen-raw
     [ -n "$lg" ] && grep -m3 -i "CUDA0\|error" "$work/llama-greedy.log"
@@ -552,6 +532,34 @@ fi
 # generated) into $out/results$SUFFIX.jsonl, and llama-batched-bench with the same sizes
 # (S_TG: decode tokens/s over all sequences; same CUDA library) into
 # $out/llama-batched$SUFFIX.jsonl. Usage: batched_vs_llama FILE MODEL SUFFIX
+# llama.cpp's greedy runner (scripts/gpu/llama-greedy.cpp) against the CUDA build, when
+# llama.cpp was built (needs .llama-src); prints its path, or nothing.
+llama_greedy_tool() {
+    [ "${llama_rc:-1}" = 0 ] || return 0
+    local lb=/tmp/llama-build
+    g++ -O2 -std=c++17 -I"$root/.llama-src/include" -I"$root/.llama-src/ggml/include" \
+        "$root/scripts/gpu/llama-greedy.cpp" -L"$lb/bin" -lllama -lggml -lggml-base \
+        -Wl,-rpath,"$lb/bin" -o "$lb/bin/llama-greedy" && echo "$lb/bin/llama-greedy"
+}
+# greedy_vs_llama FILE NAME KIND RAW_DIR COMPARE_JSONL [check-device flags]: Tempo9's CUDA
+# greedy tokens against its CPU (check-device), then, with $lg set, against llama.cpp's own
+# CPU and CUDA runs of the same prompts (scripts/gpu/greedy-compare.py).
+greedy_vs_llama() {
+    local f=$1 m=$2 kind=$3 raw=$4 cmpout=$5 cmp="python3 $root/scripts/gpu/greedy-compare.py"
+    shift 5
+    $T check-device --gguf "$f" --device cuda --prompts 10 --tokens 64 "$@" \
+        --dump "$raw/$m.$kind.tempo9.json" 2>>"$out/run.log" \
+        | sed "s/^{/{\"model\":\"$m-tiny\",/" | tee -a "$out/results.jsonl"
+    [ -n "$lg" ] || return 0
+    $cmp prompts "$raw/$m.$kind.tempo9.json" >"$raw/$m.$kind.prompts.txt"
+    CUDA_VISIBLE_DEVICES= $lg "$f" "$raw/$m.$kind.prompts.txt" 64 0 \
+        >"$raw/$m.$kind.llama-cpu.jsonl" 2>>"$work/llama-greedy.log"
+    $lg "$f" "$raw/$m.$kind.prompts.txt" 64 99 \
+        >"$raw/$m.$kind.llama-cuda.jsonl" 2>>"$work/llama-greedy.log"
+    $cmp compare "$raw/$m.$kind.tempo9.json" llama_cpu="$raw/$m.$kind.llama-cpu.jsonl" \
+        llama_cuda="$raw/$m.$kind.llama-cuda.jsonl" \
+        | sed "s/^{/{\"model\":\"$m-tiny\",\"prompts\":\"$kind\",/" | tee -a "$cmpout"
+}
 batched_vs_llama() {
     $T bench --gguf "$1" --device cuda --streams 1,8,32,64 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
         | sed "s/^{/{\"model\":\"$2\",/" | tee -a "$out/results$3.jsonl"
@@ -663,7 +671,7 @@ if has host35; then
     python3 "$root/scripts/gpu/step-log.py" "$work/host35.log" 1 | tee "$out/host35.txt"
     python3 - "$work/host35.log" <<'PY' | tee -a "$out/host35.txt"
 import re, statistics, sys
-ansi = re.compile(r"\x1b\[[0-9;]*m"); field = re.compile(r"(\w+)=([0-9.]+)")
+ansi = re.compile(r"\x1b\[[0-9;]*m"); field = re.compile(r"(\w+)=([0-9.]+(?:e-?[0-9]+)?)")
 rows = []
 for line in open(sys.argv[1], errors="replace"):
     line = ansi.sub("", line)
@@ -717,14 +725,7 @@ if has arch30; then
         fi
         rm -f "$f"
     done
-    cmp="python3 $root/scripts/gpu/greedy-compare.py"
-    lg=""
-    if [ "${llama_rc:-1}" = 0 ]; then
-        lb=/tmp/llama-build
-        g++ -O2 -std=c++17 -I"$root/.llama-src/include" -I"$root/.llama-src/ggml/include" \
-            "$root/scripts/gpu/llama-greedy.cpp" -L"$lb/bin" -lllama -lggml -lggml-base \
-            -Wl,-rpath,"$lb/bin" -o "$lb/bin/llama-greedy" && lg="$lb/bin/llama-greedy"
-    fi
+    lg=$(llama_greedy_tool)
     raw="$work/arch30-raw"
     mkdir -p "$raw"
     # Synthetic vocabularies (no vocab files carried): random-id prompts only.
@@ -732,18 +733,7 @@ if has arch30; then
         f="$work/$m-tiny.gguf"
         $T synth-gguf --preset $m-tiny --quant q8_0 --seed 1 --out "$f" 2>>"$out/run.log" \
             || { echo "synth-gguf $m-tiny failed"; continue; }
-        $T check-device --gguf "$f" --device cuda --prompts 10 --tokens 64 \
-            --dump "$raw/$m.random.tempo9.json" 2>>"$out/run.log" \
-            | sed "s/^{/{\"model\":\"$m-tiny\",/" | tee -a "$out/results.jsonl"
-        [ -n "$lg" ] || continue
-        $cmp prompts "$raw/$m.random.tempo9.json" >"$raw/$m.random.prompts.txt"
-        CUDA_VISIBLE_DEVICES= $lg "$f" "$raw/$m.random.prompts.txt" 64 0 \
-            >"$raw/$m.random.llama-cpu.jsonl" 2>>"$work/llama-greedy.log"
-        $lg "$f" "$raw/$m.random.prompts.txt" 64 99 \
-            >"$raw/$m.random.llama-cuda.jsonl" 2>>"$work/llama-greedy.log"
-        $cmp compare "$raw/$m.random.tempo9.json" llama_cpu="$raw/$m.random.llama-cpu.jsonl" \
-            llama_cuda="$raw/$m.random.llama-cuda.jsonl" \
-            | sed "s/^{/{\"model\":\"$m-tiny\",\"prompts\":\"random\",/" | tee -a "$out/arch30-compare.jsonl"
+        greedy_vs_llama "$f" "$m" random "$raw" "$out/arch30-compare.jsonl"
     done
     tar -C "$work" -czf "$out/arch30-raw.tar.gz" arch30-raw
 fi

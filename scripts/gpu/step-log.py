@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-FIELD = re.compile(r"(\w+)=([0-9.]+)")
+FIELD = re.compile(r"(\w+)=([0-9.]+(?:e-?[0-9]+)?)")
 
 
 def main():
