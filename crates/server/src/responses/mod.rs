@@ -273,8 +273,9 @@ pub async fn create(
     .map_err(|e| ApiError::bad_param(F, "text.format", e.to_string()))?
     .flatten();
     let messages = to_messages(&v)?;
-    let catalog = tools::Catalog::of_request(&v)?;
-    let tools = catalog.chat_tools.clone();
+    let mut catalog = tools::Catalog::of_request(&v)?;
+    // The catalogue keeps what it needs to map calls back; the template takes the list.
+    let tools = std::mem::take(&mut catalog.chat_tools);
     let choice = tool_choice(&v)?;
     let parallel = boolean(&v, "parallel_tool_calls", F)?.unwrap_or(true);
     let stream = boolean(&v, "stream", F)?.unwrap_or(false);
