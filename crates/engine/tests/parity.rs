@@ -59,12 +59,28 @@ const TIE_MATMUL: f32 = LOGPROB_TOL_MATMUL;
 /// 32 / 64 / 512), while Tempo9's numbers do not move with its chunk size (64 or
 /// 512). Tokens must still be identical up to near-ties.
 const LOGPROB_TOL_HYBRID: f32 = 0.05;
+/// [`LOGPROB_TOL_MATMUL`] for the hybrid Qwen3.5 files. Their random MoE router
+/// amplifies the F16 flash-attention rounding further: against the fixture recorded
+/// on an AMD Zen 4 (codegen znver3), Tempo9 differs by 0.351 at step 36 of
+/// `long_3_chunks` (1515-token prompt) while llama.cpp's own `-fa off` differs from
+/// that fixture by 0.327 within the same case's first 40 steps and changes tokens in
+/// 14 of its 16 cases (`fa_off_drift.py qwen35moe-tiny --fixture
+/// x86_64-avx512-znver3.json`).
+const LOGPROB_TOL_MATMUL_HYBRID: f32 = 0.4;
 
 /// The flash-attention-step tolerance of the fixture directory `dir`.
 fn logprob_tol(dir: &str) -> f32 {
     match dir.starts_with("qwen35") {
         true => LOGPROB_TOL_HYBRID,
         false => LOGPROB_TOL,
+    }
+}
+
+/// The matmul-attention-step tolerance of the fixture directory `dir`.
+fn logprob_tol_matmul(dir: &str) -> f32 {
+    match dir.starts_with("qwen35") {
+        true => LOGPROB_TOL_MATMUL_HYBRID,
+        false => LOGPROB_TOL_MATMUL,
     }
 }
 
@@ -238,6 +254,8 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
     let mut problems = Vec::new();
     // Worst differences on flash-attention steps and on matmul-attention steps.
     let (mut worst, mut worst_mm) = (0f32, 0f32);
+    // Where each worst difference is (case, step), for the message.
+    let (mut worst_at, mut worst_mm_at) = (String::new(), String::new());
     for c in cases {
         let name = c["name"].as_str().unwrap_or("?");
         let want = ids(&c["tokens"]);
@@ -310,16 +328,18 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
             }
             let d = (ours[0].1 - lp).abs();
             if matmul_step(n_prompt, step) {
-                worst_mm = worst_mm.max(d);
-            } else {
-                worst = worst.max(d);
+                if d > worst_mm {
+                    (worst_mm, worst_mm_at) = (d, format!("{name} step {step}"));
+                }
+            } else if d > worst {
+                (worst, worst_at) = (d, format!("{name} step {step}"));
             }
         }
         solo.push(out[0].clone());
     }
     eprintln!(
-        "{dir}: {} cases, max |top-1 logprob difference| = {worst:.2e} \
-         (matmul-attention decode steps: {worst_mm:.2e})",
+        "{dir}: {} cases, max |top-1 logprob difference| = {worst:.2e} at {worst_at} \
+         (matmul-attention decode steps: {worst_mm:.2e} at {worst_mm_at})",
         cases.len()
     );
     assert!(problems.is_empty(), "{dir}: {problems:#?}");
@@ -328,7 +348,7 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
         "{dir}: top-1 logprobs differ by up to {worst}"
     );
     assert!(
-        worst_mm < LOGPROB_TOL_MATMUL,
+        worst_mm < logprob_tol_matmul(dir),
         "{dir}: top-1 logprobs of matmul-attention steps differ by up to {worst_mm}"
     );
     solo
