@@ -4,6 +4,7 @@
 //! still being prefilled (or in a later turn) is encoded once.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, Scheduler};
@@ -47,6 +48,8 @@ pub struct VisionEncoder {
     ids: Qwen3VlWeights,
     sched: Mutex<Scheduler>,
     cache: Mutex<VecDeque<Arc<ImageEmbeddings>>>,
+    /// Images computed (cache hits not counted).
+    encodes: AtomicU64,
 }
 
 impl VisionEncoder {
@@ -85,12 +88,19 @@ impl VisionEncoder {
             ids,
             sched: Mutex::new(sched),
             cache: Mutex::new(VecDeque::new()),
+            encodes: AtomicU64::new(0),
         })
     }
 
     /// The projector this encoder runs.
     pub fn projector(&self) -> &Projector {
         &self.projector
+    }
+
+    /// Images this encoder has computed so far (answers from its cache are not
+    /// counted): what an image re-sent in later turns should not grow.
+    pub fn encodes(&self) -> u64 {
+        self.encodes.load(Ordering::Relaxed)
     }
 
     /// The cached embeddings of the image with `hash`, if it was encoded lately.
@@ -106,6 +116,7 @@ impl VisionEncoder {
             return Ok(e);
         }
         let out = Arc::new(self.compute(img)?);
+        self.encodes.fetch_add(1, Ordering::Relaxed);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.push_back(out.clone());
         if cache.len() > CACHE_IMAGES {

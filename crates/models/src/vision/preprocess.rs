@@ -62,6 +62,20 @@ impl Preprocessed {
 }
 
 impl Projector {
+    /// The merged-token grid `(n_x, n_y)` of a preprocessed image: the image
+    /// takes `n_x * n_y` language-model tokens.
+    pub fn grid(&self, img: &Preprocessed) -> (usize, usize) {
+        let align = self.token_side();
+        (img.width / align, img.height / align)
+    }
+
+    /// Pixels per side of the square one merged token covers (patch × merge):
+    /// a preprocessed image's sides are multiples of it.
+    pub fn token_side(&self) -> usize {
+        let hp = self.hparams();
+        hp.patch_size * hp.n_merge
+    }
+
     /// Resizes and normalises `img` for this projector's encoder.
     pub fn preprocess(&self, img: &DecodedImage) -> Preprocessed {
         let hp = self.hparams();
