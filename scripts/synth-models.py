@@ -46,6 +46,9 @@ def main():
         d = json.load(open(fx))
         if "synth" in d:
             wanted.setdefault(d["model"], d["synth"])
+        # The vision fixtures' projector (scripts/fixtures/vision_fixtures.py).
+        if "mmproj_synth" in d:
+            wanted.setdefault(d["mmproj_synth"]["model"], d["mmproj_synth"])
     failed = False
     for name, synth in sorted(wanted.items()):
         out = os.path.join(models, name)

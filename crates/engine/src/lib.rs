@@ -8,6 +8,7 @@
 pub mod cache;
 mod core;
 mod handle;
+pub mod image;
 mod lru;
 pub mod pages;
 mod partial_page;
@@ -20,12 +21,14 @@ pub mod spec;
 pub mod ssd;
 mod stop;
 mod stream;
+pub mod vision;
 
 pub use crate::core::{
     default_threads, DraftModel, EngineConfig, EngineCore, EngineError, EngineStats, RequestPhase,
     RequestProgress, SubmitError,
 };
 pub use handle::{Engine, EngineHandle};
+pub use image::PromptImage;
 pub use request::{
     Event, Finish, FinishReason, Request, RequestId, StopConditions, TokenConstraint, TokenEvent,
     TokenMask, Usage,
@@ -36,3 +39,4 @@ pub use scheduler::{CHUNK_ALIGN, KV_WINDOW_PAD};
 pub use spec::{SpecConfig, SpecMode};
 pub use ssd::{SsdConfig, SsdEntryStats, SsdStats};
 pub use stream::RequestStream;
+pub use vision::VisionModel;

@@ -6,6 +6,7 @@
 //! [`crate::RequestStream`] of [`Event`]s: one [`Event::Token`] per generated token
 //! (with its text delta) and a final [`Event::Finished`] with the reason and usage.
 
+use crate::image::PromptImage;
 use crate::sampler::SamplingParams;
 
 /// Identifies a request inside the engine.
@@ -43,6 +44,10 @@ pub struct Request {
     /// decoding on, drafts come from it first (see [`crate::spec::propose_predicted`]);
     /// the answer itself is what decoding without it gives.
     pub prediction: Vec<u32>,
+    /// Images in the prompt, in prompt order, each over its run of placeholder
+    /// tokens (needs an engine with a vision encoder, [`crate::EngineConfig::vision`]).
+    /// A request with images does not speculate.
+    pub images: Vec<PromptImage>,
 }
 
 impl Request {
@@ -62,6 +67,7 @@ impl Request {
             deterministic: false,
             speculation: true,
             prediction: Vec::new(),
+            images: Vec::new(),
         }
     }
 }
@@ -76,6 +82,7 @@ impl std::fmt::Debug for Request {
             .field("priority", &self.priority)
             .field("deterministic", &self.deterministic)
             .field("constrained", &self.constraint.is_some())
+            .field("images", &self.images.len())
             .finish()
     }
 }

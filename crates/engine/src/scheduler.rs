@@ -122,6 +122,9 @@ pub(crate) struct Progress {
     /// A prompt position a step must end at (a recurrent-state checkpoint is taken
     /// there: its state exists only at the end of a step); `usize::MAX` for none.
     pub stop_at: usize,
+    /// The first prompt position it cannot compute yet (an image the encoder has
+    /// not delivered starts there); `usize::MAX` for none.
+    pub blocked_at: usize,
 }
 
 impl Progress {
@@ -167,10 +170,17 @@ pub(crate) fn sort_key(policy: Policy, p: &Progress, cost_us: f64) -> (i64, u64)
 /// it as `budget` allows (see [`prompt_piece`]); after that one token. Tokens
 /// generated before a preemption are recomputed one per step, as they were first
 /// computed, so a resumed request continues exactly. A piece does not pass the
-/// request's `stop_at`.
+/// request's `stop_at`, nor its `blocked_at` (0 while it waits there).
 fn next_piece(p: &Progress, budget: usize) -> usize {
     if p.n_computed < p.n_prompt {
-        let remaining = p.n_prompt.min(p.stop_at) - p.n_computed;
+        let remaining = p
+            .n_prompt
+            .min(p.stop_at)
+            .min(p.blocked_at)
+            .saturating_sub(p.n_computed);
+        if remaining == 0 {
+            return 0;
+        }
         match prompt_piece(remaining, budget) {
             // A budget of one aligned chunk cannot split 65..127 remaining tokens
             // (the last chunk must not be shorter): take them all, exceeding it by
@@ -357,6 +367,7 @@ mod tests {
             n_tokens,
             n_draft: 0,
             stop_at: usize::MAX,
+            blocked_at: usize::MAX,
         }
     }
 
@@ -395,6 +406,23 @@ mod tests {
             }
         }
         c
+    }
+
+    #[test]
+    fn a_prompt_waiting_for_an_image_stops_before_it_and_others_go_on() {
+        // Request 1 waits for an image from position 128 (nothing computed yet),
+        // request 2 for one at its next position; request 3 decodes.
+        let mut a = progress(1, 300, 0, 300);
+        a.blocked_at = 128;
+        let mut b = progress(2, 300, 64, 300);
+        b.blocked_at = 64;
+        let c = progress(3, 10, 12, 13);
+        let mut cache = cache_with(64, &[(1, 0), (2, 64), (3, 12)]);
+        let p = plan(&[a, b, c], Policy::Fcfs, 1e3, 512, false, &mut cache);
+        let got: Vec<_> = p.work.iter().map(|w| (w.id, w.start, w.end)).collect();
+        assert_eq!(got, [(3, 12, 13), (1, 0, 128)]);
+        assert!(p.preempted.is_empty() && p.out_of_memory.is_empty());
+        cache.check_invariants().unwrap();
     }
 
     #[test]

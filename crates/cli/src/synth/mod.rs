@@ -25,6 +25,7 @@ use tempo9_ggml::{quantize_rows, DType};
 use tempo9_gguf::{GgmlType, GgufWriter, Value};
 
 mod gemma4;
+mod mmproj;
 mod shapes;
 mod tensors;
 mod vocab;
@@ -74,6 +75,20 @@ pub struct SynthArgs {
     /// Output file.
     #[arg(long, value_name = "PATH")]
     out: PathBuf,
+    /// Write this vision projector (`mmproj` file, for `serve --mmproj`) instead
+    /// of a language model; the other options are ignored. `qwen3vl-tiny`: the
+    /// tiny Qwen3-VL projector of the vision tests, for the qwen3vl-tiny and
+    /// qwen3vlmoe-tiny presets.
+    #[arg(long, value_enum, value_name = "NAME")]
+    projector: Option<ProjectorPreset>,
+}
+
+/// Projector files `synth-gguf --projector` writes.
+#[derive(Clone, Copy, ValueEnum)]
+enum ProjectorPreset {
+    /// Qwen3-VL merger, ViT of 16 wide × 3 blocks, 4-pixel patches, 128-wide output
+    /// with 2 deepstack features.
+    Qwen3vlTiny,
 }
 
 struct Planned {
@@ -159,6 +174,10 @@ const CHUNK_VALUES: u64 = 1 << 20;
 
 /// Runs `tempo9 synth-gguf`.
 pub fn run(a: SynthArgs) -> Result<()> {
+    if let Some(ProjectorPreset::Qwen3vlTiny) = a.projector {
+        return std::fs::write(&a.out, mmproj::tiny_qwen3vl())
+            .with_context(|| format!("writing {}", a.out.display()));
+    }
     let quant =
         DType::from_name(&a.quant).with_context(|| format!("unknown ggml type '{}'", a.quant))?;
     let mut sh = shapes::resolve(a.arch, a.preset)?;

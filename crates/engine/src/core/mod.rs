@@ -20,6 +20,7 @@
 mod admission;
 mod checkpoints;
 mod draft;
+mod images;
 mod mtp;
 mod output;
 mod runner;
@@ -35,6 +36,7 @@ use tempo9_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::cache::KvCache;
+use crate::image::Images;
 use crate::pages::PagePool;
 use crate::partial_page;
 use crate::recurrent::{RecurrentStates, RecurrentStats};
@@ -48,6 +50,7 @@ use crate::spec::{propose_ngram, propose_predicted, Depth, SpecConfig, SpecMode,
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 use crate::stream::{RequestStream, Ticket};
+use crate::vision::{VisionModel, VisionWorker};
 use runner::MaskBuffers;
 
 pub use draft::DraftModel;
@@ -139,6 +142,10 @@ pub struct EngineConfig {
     /// The draft model of [`SpecMode::Draft`] (same vocabulary as the model). Its KV
     /// takes a share of `kv_budget_bytes`: as many tokens as the model's pages hold.
     pub draft_model: Option<DraftModel>,
+    /// The vision encoder for requests with images ([`Request::images`]); `None`:
+    /// requests with images are refused. It runs on a thread of its own, beside the
+    /// steps, on the device it was loaded on.
+    pub vision: Option<VisionModel>,
 }
 
 impl Default for EngineConfig {
@@ -162,6 +169,7 @@ impl Default for EngineConfig {
             answer_state_checkpoints: false,
             speculation: None,
             draft_model: None,
+            vision: None,
         }
     }
 }
@@ -378,6 +386,9 @@ pub struct EngineStats {
     pub draft_tokens_total: u64,
     /// Of those, tokens accepted.
     pub accepted_draft_tokens_total: u64,
+    /// Images the vision encoder computed (an image found in its cache, or in the
+    /// prefix cache, is not encoded again).
+    pub images_encoded_total: u64,
 }
 
 /// Where a request is in the engine.
@@ -419,6 +430,9 @@ pub(crate) struct Limits {
     pub max_waiting: usize,
     /// Most tokens the whole pool can hold for one request.
     pub pool_tokens: usize,
+    /// With a vision encoder: pixels per side of one image token (a
+    /// preprocessed image's sides are multiples of it).
+    pub image_token_side: Option<usize>,
 }
 
 impl Limits {
@@ -440,6 +454,7 @@ impl Limits {
                 self.max_context
             )));
         }
+        self.check_images(r)?;
         let limit = self.max_context.min(self.pool_tokens);
         if r.prompt.len() >= limit {
             return Err(SubmitError::PromptTooLong {
@@ -449,6 +464,45 @@ impl Limits {
         }
         if waiting >= self.max_waiting {
             return Err(SubmitError::QueueFull { waiting });
+        }
+        Ok(())
+    }
+}
+
+impl Limits {
+    /// Images must lie in the prompt, in order, on the encoder's grid.
+    fn check_images(&self, r: &Request) -> Result<(), SubmitError> {
+        if r.images.is_empty() {
+            return Ok(());
+        }
+        let Some(side) = self.image_token_side else {
+            return Err(SubmitError::BadRequest(
+                "this model takes no images (no vision projector is loaded)".into(),
+            ));
+        };
+        let mut next = 0;
+        for (i, img) in r.images.iter().enumerate() {
+            let (w, h) = (img.pixels.width, img.pixels.height);
+            if w == 0 || h == 0 || !w.is_multiple_of(side) || !h.is_multiple_of(side) {
+                return Err(SubmitError::BadRequest(format!(
+                    "image {i} of {w}x{h} pixels is not preprocessed for the encoder (sides must be multiples of {side})"
+                )));
+            }
+            if img.pixels.planar.len() != 3 * w * h {
+                return Err(SubmitError::BadRequest(format!(
+                    "image {i}: {} values for 3 channels of {w}x{h}",
+                    img.pixels.planar.len()
+                )));
+            }
+            let end = img.at + (w / side) * (h / side);
+            if img.at < next || end > r.prompt.len() {
+                return Err(SubmitError::BadRequest(format!(
+                    "image {i}'s tokens {}..{end} overlap another image or leave the prompt of {} tokens",
+                    img.at,
+                    r.prompt.len()
+                )));
+            }
+            next = end;
         }
         Ok(())
     }
@@ -500,6 +554,9 @@ struct Live {
     draft: Vec<u32>,
     /// The request's predicted output ([`Request::prediction`]).
     prediction: Vec<u32>,
+    /// The prompt's images (their cells' ids in `tokens` are prefix-cache keys,
+    /// see [`Images::key_prompt`]).
+    images: Images,
 }
 
 impl Live {
@@ -541,6 +598,7 @@ impl Live {
                 .copied()
                 .find(|&t| t > self.n_computed)
                 .unwrap_or(usize::MAX),
+            blocked_at: self.images.blocked_at(self.n_computed),
         }
     }
 }
@@ -607,6 +665,8 @@ pub struct EngineCore {
     /// A hybrid model's speculation scratch: state slots from this one on, `k` per
     /// request verifying drafts in a step (see [`EngineConfig::speculation`]).
     spec_states: SpecStates,
+    /// The vision encoder's thread ([`EngineConfig::vision`]).
+    vision: Option<VisionWorker>,
 }
 
 /// Scratch state slots of a hybrid model's speculative decoding: the recurrent
@@ -834,11 +894,24 @@ impl EngineCore {
             max_context,
             "KV pool reserved"
         );
+        let vision = match &config.vision {
+            Some(v) => {
+                let p = v.0.projector();
+                p.check_language_model(hp.arch.name(), hp.n_embd, hp.n_deepstack)
+                    .map_err(|e| EngineError::Config(e.to_string()))?;
+                let w = VisionWorker::start(v).map_err(|e| {
+                    EngineError::Config(format!("cannot start the vision encoder thread: {e}"))
+                })?;
+                Some(w)
+            }
+            None => None,
+        };
         let limits = Limits {
             n_vocab: hp.n_vocab,
             max_context,
             max_waiting: config.max_waiting,
             pool_tokens: n_pages * ps,
+            image_token_side: config.vision.as_ref().map(|v| v.0.projector().token_side()),
         };
         let mut pool = PagePool::new(n_pages, ps);
         let ssd = config
@@ -891,6 +964,7 @@ impl EngineCore {
             mtp,
             step_hidden: Vec::new(),
             spec_states,
+            vision,
         })
     }
 
@@ -963,6 +1037,7 @@ impl EngineCore {
             prefix_hit_tokens: p.hit_tokens + self.stats.prefix_copied_tokens,
             evicted_pages: p.evicted_pages,
             loading: self.loading.len(),
+            images_encoded_total: self.vision.as_ref().map_or(0, |v| v.encoder().encodes()),
             ssd: self.ssd.as_ref().map(SsdTier::stats).unwrap_or_default(),
             ..self.stats
         }
@@ -1034,6 +1109,10 @@ impl EngineCore {
         let room = self.max_context() - n_prompt;
         let mut sampler = Sampler::new(r.sampling);
         r.prompt.iter().for_each(|&t| sampler.accept(t));
+        let side = self.limits.image_token_side.unwrap_or(1);
+        let images = Images::new(r.images, side);
+        let mut prompt = r.prompt;
+        images.key_prompt(&mut prompt);
         let live = Live {
             id,
             rank: Rank {
@@ -1041,7 +1120,7 @@ impl EngineCore {
                 priority: r.priority,
                 arrived_us: self.epoch.elapsed().as_micros() as u64,
             },
-            tokens: r.prompt,
+            tokens: prompt,
             n_computed: 0,
             n_prompt,
             max_tokens: r.max_tokens.min(room),
@@ -1070,12 +1149,15 @@ impl EngineCore {
                 .config
                 .speculation
                 .filter(|_| {
+                    // Drafters read the tokens, which are cache keys at image cells.
                     r.speculation
+                        && images.is_empty()
                         && (self.recurrent_group().is_none() || self.spec_states.streams > 0)
                 })
                 .map(|c| Depth::new(c.k.clamp(1, MAX_DRAFT))),
             draft: Vec::new(),
             prediction: r.prediction,
+            images,
         };
         if r.max_tokens == 0 {
             self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -1113,6 +1195,7 @@ impl EngineCore {
         }
         self.ssd_finish_loads(false);
         let only_prefix_waiters = self.admit();
+        self.poll_images();
         self.propose_drafts();
         self.trace_drafts();
         let work = self.schedule(only_prefix_waiters);
@@ -1122,6 +1205,10 @@ impl EngineCore {
             if !self.loading.is_empty() {
                 // Nothing to compute until a prefix is read back: wait for one.
                 self.ssd_finish_loads(true);
+            } else if let Some(v) = self.vision.as_mut() {
+                // Nothing to compute until an image is encoded: wait a little for
+                // one (new requests are looked at again after it).
+                v.wait(std::time::Duration::from_millis(20));
             }
             return Ok(true);
         }

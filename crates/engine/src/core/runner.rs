@@ -4,7 +4,8 @@
 //! prefix cache and sampling.
 
 use tempo9_models::{
-    CellRun, KvView, MaskBuilder, ModelError, SeqSpan, StateSnapshot, StepBatch, StepOutput,
+    CellRun, KvView, MaskBuilder, ModelError, RowEmbeds, SeqSpan, StateSnapshot, StepBatch,
+    StepOutput,
 };
 
 use tempo9_tokenizer::Tokenizer;
@@ -122,6 +123,10 @@ impl EngineCore {
         };
         // Requests verifying drafts on a hybrid model so far (their scratch slots).
         let mut verifying = 0;
+        // Per row, its (temporal, row, column) rope position, and image rows'
+        // embeddings: kept only when the step has an image row.
+        let mut multi: Vec<[i32; 3]> = Vec::new();
+        let mut embeds = RowEmbeds::default();
         for w in work {
             let s = &self.running[self.running_index(w.id).expect("planned requests run")];
             b.batch_invariant |= self.config.deterministic || s.deterministic;
@@ -193,11 +198,27 @@ impl EngineCore {
                 }
                 for pos in start..end {
                     let r = pos - w.start;
-                    b.tokens.push(match s.tokens.get(pos) {
-                        Some(&t) => t,
-                        None => s.draft[pos - n_known],
+                    let image = s.images.at_cell(pos);
+                    b.tokens.push(match (image, s.tokens.get(pos)) {
+                        // The row's input is the image's embedding; its id (a
+                        // prefix-cache key) is not a token.
+                        (Some(_), _) => 0,
+                        (None, Some(&t)) => t,
+                        (None, None) => s.draft[pos - n_known],
                     });
-                    b.positions.push(pos as i32);
+                    let rope = s.images.position(pos);
+                    b.positions.push(rope[0]);
+                    multi.push(rope);
+                    if let Some((img, k)) = image {
+                        let e = img
+                            .embeds
+                            .as_ref()
+                            .expect("the scheduler plans image rows once encoded");
+                        embeds.rows.push((b.tokens.len() - 1) as i32);
+                        embeds
+                            .values
+                            .extend_from_slice(&e.data[k * e.n_embd..(k + 1) * e.n_embd]);
+                    }
                     b.kv_slots[0].push(w.cells.full[r] as i64);
                     if sliding.is_some() {
                         b.kv_slots[1].push(w.cells.sliding[r] as i64);
@@ -235,6 +256,17 @@ impl EngineCore {
         if b.output_rows.is_empty() {
             // Only partial prompt chunks: compute one row's logits and ignore them.
             b.output_rows.push(0);
+        }
+        if !embeds.rows.is_empty() {
+            // Four sections, section-major: temporal, row, column, 0.
+            let n = multi.len();
+            let mut pm = Vec::with_capacity(4 * n);
+            for sec in 0..3 {
+                pm.extend(multi.iter().map(|p| p[sec]));
+            }
+            pm.resize(4 * n, 0);
+            b.positions_multi = Some(pm);
+            b.embeds = Some(embeds);
         }
         b
     }

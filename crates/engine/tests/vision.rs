@@ -1,0 +1,259 @@
+//! Requests with images through the engine, on the synthetic Qwen3-VL model
+//! (qwen3vl-tiny) and the tiny projector (`tempo9 synth-gguf --projector
+//! qwen3vl-tiny`, written by scripts/synth-models.py): greedy tokens after an
+//! image as llama.cpp's `llama-server --mmproj` gives them, an image re-sent in
+//! later turns encoded once and served from the prefix cache (the same tokens as
+//! computing it afresh), a different image never taken for it, and malformed
+//! image requests refused.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tempo9_engine::{
+    EngineConfig, EngineCore, FinishReason, PromptImage, Request, SubmitError, VisionModel,
+};
+use tempo9_ggml::{Device, KernelSet};
+use tempo9_models::vision::{DecodedImage, Projector, VisionEncoder};
+use tempo9_models::Model;
+
+/// The test image of `w × h` (scripts/fixtures/vision_fixtures.py's `pixels`):
+/// gradients plus an LCG's noise; `salt` changes the noise (another picture of
+/// the same size).
+fn pixels(w: u32, h: u32, salt: u32) -> DecodedImage {
+    let mut rgb = Vec::with_capacity((w * h * 3) as usize);
+    let mut s = w
+        .wrapping_mul(7919)
+        .wrapping_add(h.wrapping_mul(104729))
+        .wrapping_add(salt);
+    for y in 0..h {
+        for x in 0..w {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            let n = (s >> 24) % 64;
+            rgb.push(((x * 255 / (w - 1).max(1) + n) % 256) as u8);
+            rgb.push(((y * 255 / (h - 1).max(1) + 2 * n) % 256) as u8);
+            rgb.push((((x + y) * 9 + n) % 256) as u8);
+        }
+    }
+    DecodedImage::from_rgb(w, h, rgb).unwrap()
+}
+
+/// The model and its vision encoder, or None when the files are missing and
+/// TEMPO9_SKIP_MODEL_TESTS=1.
+fn setup() -> Option<(Arc<Model>, Arc<VisionEncoder>)> {
+    let model = load("qwen3vl-tiny.gguf")?;
+    let p = Projector::open(model_path("mmproj-qwen3vl-tiny.gguf")?).unwrap();
+    let enc = Arc::new(VisionEncoder::new(p, Device::cpu(), 1).unwrap());
+    Some((model, enc))
+}
+
+fn engine(model: &Arc<Model>, vision: Option<&Arc<VisionEncoder>>) -> EngineCore {
+    let config = EngineConfig {
+        threads: 2,
+        kv_budget_bytes: Some(64 << 20),
+        vision: vision.map(|v| VisionModel(v.clone())),
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model.clone(), tokenizer(model), config).unwrap()
+}
+
+/// A greedy request for `before`, the image's placeholder tokens, then `after`.
+fn image_request(
+    enc: &VisionEncoder,
+    before: &[u32],
+    img: &DecodedImage,
+    after: &[u32],
+    max_tokens: usize,
+) -> Request {
+    let pre = Arc::new(enc.projector().preprocess(img));
+    let (nx, ny) = enc.projector().grid(&pre);
+    let mut prompt = before.to_vec();
+    // Any ids will do: the image's rows take its embeddings (the chat
+    // template's <|image_pad|> by convention).
+    prompt.extend(std::iter::repeat_n(0, nx * ny));
+    prompt.extend_from_slice(after);
+    let mut r = Request::new(prompt, max_tokens);
+    r.stop.eog = false;
+    r.images = vec![PromptImage {
+        at: before.len(),
+        pixels: pre,
+    }];
+    r
+}
+
+/// The greedy fixture recorded with this build's kernel set and codegen.
+fn exact_greedy_fixture(model_dir: &str) -> Option<serde_json::Value> {
+    let dir = fixtures_dir().join(model_dir).join("greedy");
+    let (ks, cg) = (KernelSet::current().fingerprint(), codegen());
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| serde_json::from_str(&std::fs::read_to_string(e.path()).unwrap()).unwrap())
+        .find(|fx: &serde_json::Value| {
+            fx["kernel_set"]["fingerprint"].as_str() == Some(ks.as_str())
+                && fx["codegen"].as_str() == Some(cg.as_str())
+        })
+}
+
+/// The six images of the fixture through the engine (text, image and text in
+/// one prompt, computed in the engine's own pieces, positions from the image
+/// on as mtmd assigns them), all at once: 32 greedy tokens each as llama.cpp's.
+#[test]
+fn greedy_after_an_image_matches_llama_cpp() {
+    let Some((model, enc)) = setup() else { return };
+    let Some(fx) = exact_greedy_fixture("qwen3vl-tiny") else {
+        eprintln!(
+            "skipping engine image parity: no qwen3vl-tiny greedy fixture for kernel set {} and codegen {}",
+            KernelSet::current().short_name(),
+            codegen()
+        );
+        return;
+    };
+    let pre = fixture("qwen3vl-tiny/vision/preprocess.json");
+    let (before, after) = (ids(&fx["tokens_before"]), ids(&fx["tokens_after"]));
+    let mut reqs = Vec::new();
+    let mut want = Vec::new();
+    for im in fx["images"].as_array().unwrap() {
+        let name = im["name"].as_str().unwrap();
+        let size = pre["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap();
+        let (w, h) = (
+            size["width"].as_u64().unwrap(),
+            size["height"].as_u64().unwrap(),
+        );
+        reqs.push(image_request(
+            &enc,
+            &before,
+            &pixels(w as u32, h as u32, 0),
+            &after,
+            32,
+        ));
+        want.push((name.to_string(), ids(&im["tokens"])));
+    }
+    let mut core = engine(&model, Some(&enc));
+    let outs = run_batch(&mut core, reqs);
+    for ((name, want), out) in want.iter().zip(&outs) {
+        assert_eq!(&out.tokens, want, "image {name}");
+    }
+    assert_eq!(core.stats().images_encoded_total, 6);
+    eprintln!("6 images through the engine: 32 greedy tokens each identical to llama.cpp's");
+}
+
+/// An agent re-sends the same image in its history for three turns: the image
+/// is encoded once, turns 2 and 3 find it (and the text around it) in the
+/// prefix cache and report those tokens as cached, and their answers are those
+/// of a fresh engine computing the whole prompt. A different picture of the
+/// same size at the same place is encoded and never served from the cache.
+#[test]
+fn a_resent_image_is_encoded_once_and_cached() {
+    let Some((model, enc)) = setup() else { return };
+    let fx = fixture("qwen3vl-tiny/greedy/x86_64-avx512.json");
+    let (before, after) = (ids(&fx["tokens_before"]), ids(&fx["tokens_after"]));
+    // 120×30: 15 × 4 = 60 image tokens after 4 of text, so the first page
+    // holds the image.
+    let img = pixels(120, 30, 0);
+    let mut core = engine(&model, Some(&enc));
+    let mut history = Vec::new();
+    let mut turns = Vec::new();
+    for turn in 0..3 {
+        let mut after_turn = after.clone();
+        after_turn.extend_from_slice(&history);
+        let r = image_request(&enc, &before, &img, &after_turn, 6);
+        let prompt = r.prompt.clone();
+        let out = run_batch(&mut core, vec![r]).remove(0);
+        assert_eq!(out.finish.reason, FinishReason::Length);
+        let u = out.finish.usage;
+        eprintln!(
+            "turn {}: {} prompt tokens, {} cached, {} images encoded",
+            turn + 1,
+            u.prompt_tokens,
+            u.cached_tokens,
+            core.stats().images_encoded_total
+        );
+        if turn == 0 {
+            assert_eq!(u.cached_tokens, 0);
+        } else {
+            assert!(
+                u.cached_tokens >= before.len() + 60,
+                "turn {}: {} cached tokens do not cover the image",
+                turn + 1,
+                u.cached_tokens
+            );
+        }
+        // The next turn's history: this answer and the question again.
+        history.extend_from_slice(&out.tokens);
+        history.extend_from_slice(&after);
+        turns.push((prompt, out.tokens));
+    }
+    assert_eq!(core.stats().images_encoded_total, 1);
+    // The cached turns answer as a fresh engine computing everything does.
+    for (i, (prompt, tokens)) in turns.iter().enumerate().skip(1) {
+        let mut fresh = engine(&model, Some(&enc));
+        let mut r = image_request(&enc, &before, &img, &[], 6);
+        r.prompt = prompt.clone();
+        let out = run_batch(&mut fresh, vec![r]).remove(0);
+        assert_eq!(out.finish.usage.cached_tokens, 0);
+        assert_eq!(&out.tokens, tokens, "turn {}", i + 1);
+    }
+    // Another picture of the same size in the same place: not a hit.
+    let other = pixels(120, 30, 1);
+    let r = image_request(&enc, &before, &other, &after, 6);
+    let out = run_batch(&mut core, vec![r]).remove(0);
+    assert_eq!(out.finish.usage.cached_tokens, 0);
+    assert_eq!(core.stats().images_encoded_total, 2);
+}
+
+/// Text requests keep decoding while an image request is admitted with them,
+/// and both finish.
+#[test]
+fn text_and_image_requests_share_steps() {
+    let Some((model, enc)) = setup() else { return };
+    let mut core = engine(&model, Some(&enc));
+    let mut text = Request::new(vec![1, 2, 3, 4, 5], 12);
+    text.stop.eog = false;
+    let img = image_request(&enc, &[1, 2], &pixels(64, 48, 0), &[3, 4], 12);
+    let outs = run_batch(&mut core, vec![text, img]);
+    for o in &outs {
+        assert_eq!(o.finish.reason, FinishReason::Length);
+        assert_eq!(o.tokens.len(), 12);
+    }
+}
+
+/// Images for an engine without an encoder, or placed outside the prompt, or
+/// not preprocessed for the encoder, are refused at submission with a message
+/// naming the problem.
+#[test]
+fn malformed_image_requests_are_refused() {
+    let Some((model, enc)) = setup() else { return };
+    let bad = |core: &mut EngineCore, r: Request| match core.submit(r) {
+        Err(SubmitError::BadRequest(m)) => m,
+        Err(e) => panic!("expected a bad request, got {e:?}"),
+        Ok(_) => panic!("expected a bad request, it was accepted"),
+    };
+    let img = pixels(64, 48, 0);
+    let mut text_only = engine(&model, None);
+    let m = bad(&mut text_only, image_request(&enc, &[1], &img, &[2], 4));
+    assert!(m.contains("takes no images"), "{m}");
+
+    let mut core = engine(&model, Some(&enc));
+    let mut r = image_request(&enc, &[1], &img, &[2], 4);
+    r.prompt.truncate(10);
+    let m = bad(&mut core, r);
+    assert!(m.contains("leave the prompt of 10 tokens"), "{m}");
+    let mut r = image_request(&enc, &[1], &img, &[2], 4);
+    let second = r.images[0].clone();
+    r.images.push(second);
+    let m = bad(&mut core, r);
+    assert!(m.contains("overlap another image"), "{m}");
+    let mut r = image_request(&enc, &[1], &img, &[2], 4);
+    let mut pre = (*r.images[0].pixels).clone();
+    pre.width -= 1;
+    r.images[0].pixels = Arc::new(pre);
+    let m = bad(&mut core, r);
+    assert!(m.contains("not preprocessed for the encoder"), "{m}");
+}
