@@ -91,7 +91,48 @@ fn cuda_devices(dir: Option<&PathBuf>) -> &'static Result<Vec<Device>, String> {
     })
 }
 
+/// Where the vision encoder runs (`serve --vision-device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VisionDevice {
+    /// The CPU.
+    Cpu,
+    /// An NVIDIA GPU through ggml's CUDA backend; fails if none can be used.
+    Cuda,
+    /// The language model's device.
+    Same,
+}
+
 impl DeviceArgs {
+    /// The vision encoder's device: `choice`, or by default a compute unit other
+    /// than the language model's (`lm`) when there is one (the CPU beside a GPU,
+    /// a GPU beside the CPU), so encodes and decode steps do not share one.
+    pub fn vision_device(&self, choice: Option<VisionDevice>, lm: Device) -> Result<Device> {
+        let gpu = || -> Result<Device, String> {
+            match cuda_devices(self.backend_dir.as_ref()) {
+                Ok(devs) => devs
+                    .iter()
+                    .copied()
+                    .find(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IGpu))
+                    .ok_or_else(|| "the CUDA backend found no GPU".to_string()),
+                Err(e) => Err(e.clone()),
+            }
+        };
+        Ok(match choice {
+            Some(VisionDevice::Cpu) => Device::cpu(),
+            Some(VisionDevice::Same) => lm,
+            Some(VisionDevice::Cuda) => gpu().map_err(|e| {
+                anyhow::anyhow!(
+                    "--vision-device cuda: {e} (build it with scripts/gpu/build-cuda.sh; \
+                     --backend-dir or TEMPO9_BACKEND_DIR say where it is)"
+                )
+            })?,
+            None if lm.kind() != DeviceKind::Cpu => Device::cpu(),
+            // Only look for a GPU where the model's device choice allowed one.
+            None if self.device != DeviceChoice::Cpu => gpu().unwrap_or_else(|_| Device::cpu()),
+            None => Device::cpu(),
+        })
+    }
+
     /// Which layers the GPU gets (`--gpu-layers`).
     pub fn offload(&self) -> Offload {
         self.gpu_layers.map_or(Offload::All, Offload::Layers)

@@ -118,6 +118,18 @@ pub struct ServeArgs {
     /// when one is set).
     #[arg(long)]
     pub status_prompts: bool,
+    /// Vision projector of a vision-language model (`mmproj-*.gguf`, as llama.cpp's
+    /// converter writes it beside the model): requests may then carry images
+    /// (OpenAI `image_url` data URLs, Anthropic `image` blocks, Ollama `images`).
+    /// Checked against the model at start. Without it, images get a 400.
+    #[arg(long, value_name = "PATH")]
+    pub mmproj: Option<PathBuf>,
+    /// Where the vision encoder runs: cpu, cuda, or same (the language model's
+    /// device). Default: a compute unit other than the language model's when there
+    /// is one (the CPU beside a GPU model), so encoding an image does not hold up
+    /// other requests' decode steps. Encodes run on a thread of their own either way.
+    #[arg(long, value_enum, value_name = "DEVICE", requires = "mmproj")]
+    pub vision_device: Option<crate::device::VisionDevice>,
 }
 
 fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
@@ -206,6 +218,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?);
     let mut engine_cfg = a.model.engine_config(&model)?;
     engine_cfg.max_waiting = a.max_waiting.max(1);
+    if let Some(path) = &a.mmproj {
+        engine_cfg.vision = Some(load_vision(path, &a, &model)?);
+    }
     let handle = Engine::start(model, tok, engine_cfg).context("starting the engine")?;
     let config = ServerConfig {
         host: a.host,
@@ -249,6 +264,36 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // Flushes the KV SSD tier (and saves it with --kv-persist) before exiting.
     state.engine.shutdown();
     served
+}
+
+/// Loads the vision projector at `path` for `model` (refused, naming what
+/// differs, when it does not fit) on the `--vision-device`.
+fn load_vision(
+    path: &std::path::Path,
+    a: &ServeArgs,
+    model: &tempo9_models::Model,
+) -> Result<tempo9_engine::VisionModel> {
+    use tempo9_models::vision::{Projector, VisionEncoder};
+    let p = Projector::open(path).with_context(|| format!("--mmproj {}", path.display()))?;
+    let hp = model.hparams();
+    p.check_language_model(hp.arch.name(), hp.n_embd, hp.n_deepstack)
+        .with_context(|| format!("--mmproj {}", path.display()))?;
+    let device = a
+        .model
+        .device
+        .vision_device(a.vision_device, model.device())?;
+    let threads = a
+        .model
+        .threads
+        .unwrap_or_else(tempo9_engine::default_threads);
+    tracing::info!(
+        projector = p.hparams().projector.name(),
+        device = %device.name(),
+        "vision encoder"
+    );
+    let enc = VisionEncoder::new(p, device, threads)
+        .with_context(|| format!("loading the vision encoder of {}", path.display()))?;
+    Ok(tempo9_engine::VisionModel(Arc::new(enc)))
 }
 
 #[cfg(test)]

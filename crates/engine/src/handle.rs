@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
+use tempo9_models::vision::VisionEncoder;
 use tempo9_models::Model;
 use tempo9_tokenizer::Tokenizer;
 
@@ -38,6 +39,7 @@ impl Engine {
         tokenizer: Arc<Tokenizer>,
         config: EngineConfig,
     ) -> Result<EngineHandle, EngineError> {
+        let vision = config.vision.as_ref().map(|v| v.0.clone());
         let core = EngineCore::new(model.clone(), tokenizer.clone(), config)?;
         let shared = Arc::new(Shared {
             limits: core.limits().clone(),
@@ -49,6 +51,7 @@ impl Engine {
             failure: Mutex::new(None),
             model,
             tokenizer,
+            vision,
         });
         let (tx, rx) = mpsc::channel();
         let thread_shared = shared.clone();
@@ -73,6 +76,7 @@ struct Shared {
     failure: Mutex<Option<String>>,
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
+    vision: Option<Arc<VisionEncoder>>,
 }
 
 /// A cloneable, thread-safe handle to a running engine.
@@ -176,6 +180,12 @@ impl EngineHandle {
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.shared.model
+    }
+
+    /// The vision encoder, when the engine takes images
+    /// ([`crate::EngineConfig::vision`]).
+    pub fn vision(&self) -> Option<&Arc<VisionEncoder>> {
+        self.shared.vision.as_ref()
     }
 }
 

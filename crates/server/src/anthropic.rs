@@ -19,6 +19,38 @@ use crate::{next_or_keepalive, parse_body, sse_event, streaming, AppState, GenSl
 const F: Family = Family::Anthropic;
 
 /// Text of a content value: a string or an array of blocks (text blocks joined).
+/// An `image` block's `source` as an OpenAI image part: base64 data as a data
+/// URL; a `url` source as is (refused when rendering: the server fetches
+/// nothing).
+fn image_block(source: &Value, i: usize) -> Result<Value, ApiError> {
+    match source["type"].as_str() {
+        Some("base64") => {
+            let media = source["media_type"].as_str().unwrap_or("image");
+            let data = source["data"].as_str().ok_or_else(|| {
+                ApiError::bad_param(
+                    F,
+                    "messages",
+                    format!("messages[{i}]: an image's base64 source has no data"),
+                )
+            })?;
+            Ok(crate::vision::image_part(crate::vision::data_url(
+                media, data,
+            )))
+        }
+        Some("url") => Ok(crate::vision::image_part(
+            source["url"].as_str().unwrap_or("").to_string(),
+        )),
+        other => Err(ApiError::bad_param(
+            F,
+            "messages",
+            format!(
+                "messages[{i}]: image source type {} is not supported (base64 is)",
+                other.unwrap_or("(none)")
+            ),
+        )),
+    }
+}
+
 fn blocks_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -96,8 +128,11 @@ pub fn to_openai_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                                 "tool_call_id": b["tool_use_id"].as_str().unwrap_or(""),
                                 "content": c}));
                         }
-                        // Images and documents: the text models served here cannot read them.
-                        Some("image" | "document" | "search_result") => {}
+                        // Images: as OpenAI image parts (a text-only model refuses them
+                        // when rendering).
+                        Some("image") => text_parts.push(image_block(&b["source"], i)?),
+                        // Documents: the models served here cannot read them.
+                        Some("document" | "search_result") => {}
                         Some(t) => {
                             return Err(ApiError::bad_param(
                                 F,

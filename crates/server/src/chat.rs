@@ -100,6 +100,8 @@ pub struct Prepared {
     /// prompt, with a template that reasons in those tags), which follows a
     /// prompt ending `end` (inside reasoning or not).
     pub reasoning: Option<think::PromptEnd>,
+    /// The prompt's images, over their placeholder tokens in `tokens`.
+    pub images: Vec<tempo9_engine::PromptImage>,
 }
 
 /// A rendered, tokenized prompt.
@@ -111,6 +113,7 @@ struct Rendered {
     format: ToolFormat,
     choice: ToolChoice,
     reasoning: Option<think::PromptEnd>,
+    images: Vec<tempo9_engine::PromptImage>,
 }
 
 /// The system-prompt text that teaches Hermes-style tool calls to a model whose
@@ -370,6 +373,7 @@ impl AppState {
             format,
             choice,
             reasoning,
+            images,
         } = self.render(family, prompt, params.grammar.is_some(), cancel)?;
         if tokens.is_empty() {
             return Err(ApiError::bad(family, "the prompt is empty"));
@@ -474,6 +478,7 @@ impl AppState {
             constraint,
             format,
             reasoning,
+            images,
         })
     }
 
@@ -506,6 +511,7 @@ impl AppState {
             format: self.tool_format,
             choice: ToolChoice::None,
             reasoning: None,
+            images: Vec::new(),
         };
         Ok(match prompt {
             Prompt::Chat {
@@ -522,6 +528,28 @@ impl AppState {
                     ));
                 }
                 clean_system(&mut messages, &self.config.volatile_prefixes);
+                // Images: a marker in the text for each; decoded and preprocessed
+                // here (400 naming the problem), tokenized around below.
+                let marker = crate::vision::marker();
+                let urls = crate::vision::take_image_parts(&mut messages, &marker);
+                let images = match (&self.vision, urls.is_empty()) {
+                    (_, true) => Vec::new(),
+                    (None, false) => {
+                        return Err(ApiError::bad_param(
+                            family,
+                            "messages",
+                            "this model takes no images (a vision-language model served with --mmproj does)",
+                        ))
+                    }
+                    (Some(v), false) => urls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, u)| {
+                            cancel.check(family)?;
+                            v.load(family, i, u)
+                        })
+                        .collect::<Result<Vec<_>, _>>()?,
+                };
                 let show_tools = !tools.is_empty() && tool_choice != ToolChoice::None;
                 if let ToolChoice::Named(n) = &tool_choice {
                     let known = tools
@@ -577,7 +605,12 @@ impl AppState {
                 cancel.check(family)?;
                 // Message text stays text: only the template's markup becomes
                 // control tokens (no role spoofing).
-                let ids = tok.encode_prompt(&text, true);
+                let (ids, images) = match &self.vision {
+                    Some(v) if !images.is_empty() => {
+                        v.tokenize(family, tok, &text, &marker, images)?
+                    }
+                    _ => (tok.encode_prompt(&text, true), Vec::new()),
+                };
                 Rendered {
                     tokens: ids,
                     forced_prefix: forced,
@@ -586,6 +619,7 @@ impl AppState {
                     format,
                     choice: tool_choice,
                     reasoning: self.think.then_some(end),
+                    images,
                 }
             }
             Prompt::Text(t) => plain(tok.encode(&t, true, true)),
@@ -628,6 +662,7 @@ impl AppState {
         req.top_logprobs = p.params.top_logprobs;
         req.speculation = !p.params.no_speculation;
         req.prediction = p.prediction;
+        req.images = p.images;
         if let Some(c) = p.constraint {
             req.constraint = Some(Box::new(c));
         }

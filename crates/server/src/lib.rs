@@ -24,6 +24,7 @@ pub mod openai;
 pub mod responses;
 pub mod status;
 pub mod tools;
+pub mod vision;
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -286,6 +287,9 @@ pub struct AppState {
     admitted_tokens: Arc<std::sync::atomic::AtomicUsize>,
     /// When the server started.
     pub started: Instant,
+    /// The model's vision (`None`: a text-only model, or served without a
+    /// projector): requests with images get a 400 then.
+    pub vision: Option<vision::Vision>,
 }
 
 impl AppState {
@@ -300,7 +304,11 @@ impl AppState {
         let tool_format = ToolFormat::detect(template.source(), &info.arch);
         let think = crate::tools::think::detect(template.source())
             && !matches!(tool_format, ToolFormat::Harmony | ToolFormat::Gemma4);
+        let vision = engine
+            .vision()
+            .map(|enc| vision::Vision::new(enc.clone(), engine.tokenizer()));
         Ok(AppState {
+            vision,
             names: names_of(&config, None),
             slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
             admitted_tokens: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -773,6 +781,12 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         "tempo9_engine_accepted_draft_tokens_total",
         "Draft tokens accepted by speculative decoding.",
         s.accepted_draft_tokens_total,
+    );
+    counter(
+        &mut out,
+        "tempo9_engine_images_encoded_total",
+        "Images the vision encoder computed (a re-sent image found in its cache or the prefix cache is not encoded again).",
+        s.images_encoded_total,
     );
     counter(
         &mut out,

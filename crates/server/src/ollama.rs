@@ -108,7 +108,12 @@ pub fn to_openai_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                 ))
             }
         };
-        let mut msg = json!({"role": role, "content": content});
+        let images = images_of(&m["images"], &format!("messages[{i}].images"))?;
+        let mut msg = if images.is_empty() {
+            json!({"role": role, "content": content})
+        } else {
+            json!({"role": role, "content": with_images(images, content)})
+        };
         if let Some(calls) = m["tool_calls"].as_array() {
             let calls: Vec<Value> = calls
                 .iter()
@@ -135,6 +140,34 @@ pub fn to_openai_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
         out.push(msg);
     }
     Ok(out)
+}
+
+/// Ollama's `images` (base64 strings, no data: prefix) as image parts; `field`
+/// names them in errors.
+fn images_of(v: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    // The format is sniffed from the bytes.
+                    .map(|b64| crate::vision::image_part(crate::vision::data_url("image", b64)))
+                    .ok_or_else(|| ApiError::bad(F, format!("{field} must be base64 strings")))
+            })
+            .collect(),
+        _ => Err(ApiError::bad(F, format!("{field} must be an array"))),
+    }
+}
+
+/// Content parts: the images, then the text (Ollama puts a message's images
+/// before its text).
+fn with_images(images: Vec<Value>, text: String) -> Value {
+    let mut parts = images;
+    if !text.is_empty() {
+        parts.push(json!({"type": "text", "text": text}));
+    }
+    Value::Array(parts)
 }
 
 fn done_reason(s: &Stop) -> &'static str {
@@ -373,14 +406,26 @@ pub async fn generate(
         if text.is_empty() {
             return Ok(load_response(&st.config.model_name, false));
         }
+        let images = images_of(&v["images"], "images")?;
         let prompt = if v["raw"].as_bool().unwrap_or(false) {
+            if !images.is_empty() {
+                return Err(ApiError::bad(
+                    F,
+                    "images need the chat template: a raw prompt cannot hold them",
+                ));
+            }
             Prompt::Text(text)
         } else {
             let mut messages = Vec::new();
             if let Some(s) = v["system"].as_str().filter(|s| !s.is_empty()) {
                 messages.push(json!({"role": "system", "content": s}));
             }
-            messages.push(json!({"role": "user", "content": text}));
+            let content = if images.is_empty() {
+                json!(text)
+            } else {
+                with_images(images, text)
+            };
+            messages.push(json!({"role": "user", "content": content}));
             Prompt::Chat {
                 messages,
                 tools: Vec::new(),
@@ -444,6 +489,9 @@ pub async fn show(
         }
         st.check_model(F, name)?;
         let mut caps = vec!["completion"];
+        if st.vision.is_some() {
+            caps.push("vision");
+        }
         if st.tool_format != crate::tools::ToolFormat::None {
             caps.push("tools");
         }

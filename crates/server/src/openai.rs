@@ -735,9 +735,16 @@ fn token_ids(v: &Value) -> Option<Vec<u32>> {
 }
 
 fn model_entry(st: &AppState, name: &str) -> Value {
+    // `capabilities` names `vision` when requests may carry images.
+    let mut caps = vec!["completion"];
+    if st.vision.is_some() {
+        caps.push("vision");
+    }
     json!({"id": name, "object": "model", "created": st.info.modified, "owned_by": "tempo9",
+           "capabilities": caps,
            "meta": {"n_params": st.info.n_params, "n_ctx": st.engine.max_context(),
-                    "size": st.info.size, "quantization": st.info.quantization}})
+                    "size": st.info.size, "quantization": st.info.quantization,
+                    "vision": st.vision.is_some()}})
 }
 
 /// `GET /v1/models`.

@@ -356,6 +356,7 @@ pub fn snapshot(st: &AppState) -> Value {
         "generated_tokens": s.generated_tokens_total,
         "computed_tokens": s.computed_tokens_total,
         "preemptions": s.preemptions_total,
+        "images_encoded": s.images_encoded_total,
         "steps": s.steps_total,
         "evicted_pages": s.evicted_pages,
     });
