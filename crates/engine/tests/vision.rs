@@ -208,6 +208,44 @@ fn a_resent_image_is_encoded_once_and_cached() {
     assert_eq!(core.stats().images_encoded_total, 2);
 }
 
+/// A request decoding while another's large image is being encoded is not held
+/// up: it takes its tokens step after step and finishes while the encoder is
+/// still at work (the 512×512 image's ViT runs over 16384 patches, seconds on
+/// the CPU; the tiny model's 8 decode steps take milliseconds); the image
+/// request waits at its image, then finishes too.
+#[test]
+fn decoding_goes_on_while_an_image_encodes() {
+    let Some((model, enc)) = setup() else { return };
+    let mut core = engine(&model, Some(&enc));
+    let mut text = Request::new(vec![1, 2, 3, 4, 5], 8);
+    text.stop.eog = false;
+    let mut text = core.submit(text).unwrap();
+    // Its prompt is computed and it decodes.
+    core.step().unwrap();
+    let img = image_request(&enc, &[1, 2], &pixels(512, 512, 7), &[3, 4], 4);
+    assert_eq!(img.images[0].pixels.width, 512);
+    let mut img = core.submit(img).unwrap();
+    let started = std::time::Instant::now();
+    let mut text_done = None;
+    while core.has_work() {
+        core.step().unwrap();
+        if text_done.is_none() && !core.requests().iter().any(|r| r.id == text.id()) {
+            text_done = Some((started.elapsed(), core.stats().images_encoded_total));
+        }
+    }
+    let (after, encoded) = text_done.unwrap();
+    let total = started.elapsed();
+    eprintln!("text request done after {after:?} (images encoded then: {encoded}); image request after {total:?}");
+    assert_eq!(
+        encoded, 0,
+        "the decoding request finished only after the encode ({after:?})"
+    );
+    assert_eq!(collect(&mut text).tokens.len(), 8);
+    let out = collect(&mut img);
+    assert_eq!(out.finish.reason, FinishReason::Length);
+    assert_eq!(core.stats().images_encoded_total, 1);
+}
+
 /// Text requests keep decoding while an image request is admitted with them,
 /// and both finish.
 #[test]
