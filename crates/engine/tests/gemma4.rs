@@ -97,3 +97,37 @@ fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
         );
     }
 }
+
+/// The sliding layers' own pages (a window of recycled cells) compute what one
+/// full cache with a sliding mask computes, bit for bit, on decode steps past the
+/// window, when flash attention visits the same cells in the same order: on one
+/// thread (on two, ggml splits a decode over 512 or more cells between the
+/// threads, and the full cache's longer window is split elsewhere than the
+/// sliding pages' short one: the parity test's `flash_decode` note says how far
+/// that rounding moves this file's numbers).
+#[test]
+fn sliding_pages_decode_as_one_full_cache_does() {
+    let Some((model, tok)) = gemma4_tiny() else {
+        return;
+    };
+    let mut rng = Rng(0x6e44_0002);
+    // 303 prompt tokens (the window is 128), then 48 decode steps.
+    let prompt: Vec<u32> = (0..303).map(|_| 100 + rng.below(20_000) as u32).collect();
+    let run = |swa_full: bool| {
+        let cfg = EngineConfig {
+            threads: 1,
+            kv_budget_bytes: Some(64 << 20),
+            swa_full,
+            flash_decode: true,
+            ..EngineConfig::default()
+        };
+        let mut eng = EngineCore::new(model.clone(), tok.clone(), cfg).expect("engine");
+        run_batch(&mut eng, vec![request(prompt.clone(), 48)]).remove(0)
+    };
+    let (pages, full) = (run(false), run(true));
+    assert_eq!(pages.tokens, full.tokens, "tokens");
+    assert_eq!(
+        pages.top_logprobs, full.top_logprobs,
+        "top log-probabilities"
+    );
+}

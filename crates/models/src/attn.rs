@@ -181,7 +181,7 @@ pub(crate) fn plan(batch: &StepBatch, cg: usize, n_cells: usize, cpu: bool) -> V
     for (i, s) in batch.seqs.iter().enumerate() {
         let view = &s.views[cg];
         let decode = s.n_rows == 1 && !s.tiled_prompt;
-        let matmul = cpu && decode && matmul_decode(view);
+        let matmul = cpu && decode && !batch.flash_decode && matmul_decode(view);
         let segs = if decode && (!cpu || (view.n_kv() < FA_SPLIT_KV_MIN && !matmul)) {
             ascending_visible(&view.window, &view.mask)
         } else {

@@ -29,6 +29,12 @@ pub struct StepBatch {
     /// where ggml repacks none of Q5_0/Q8_0); off, a lone row takes ggml's dot
     /// products as llama.cpp's own decode does.
     pub batch_invariant: bool,
+    /// Decode rows attend through flash attention at any depth, as llama.cpp's do,
+    /// instead of through matmuls beyond [`crate::MATMUL_DECODE_ABOVE`] cells on the
+    /// CPU. Slower at depth; the numbers are then those of ggml's flash attention,
+    /// whose F16 V accumulator rounds apart from the matmul path's F32 sums (and,
+    /// from 512 cells, with the number of threads that split the cells).
+    pub flash_decode: bool,
     /// Rows whose final hidden state (after the output norm) is returned too, in
     /// this order: the input of the model's multi-token-prediction head (see
     /// [`crate::Model::forward_hidden`]). Only models with an MTP head.

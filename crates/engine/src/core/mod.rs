@@ -111,6 +111,11 @@ pub struct EngineConfig {
     /// cache (llama.cpp's `--swa-full`). Off by default: those layers then hold only
     /// the pages their window sees (see [`crate::sliding`]).
     pub swa_full: bool,
+    /// Decode rows attend through flash attention at any depth, never through the
+    /// CPU's matmul path (see `StepBatch::flash_decode`). Off by default (the matmul
+    /// path is faster at depth); on, with `swa_full` and llama.cpp's thread count, a
+    /// decode computes llama.cpp's numbers bit for bit where ggml's kernels allow.
+    pub flash_decode: bool,
     /// Sliding-window layers keep, for a cached prefix, the window before every
     /// multiple of this many tokens (0: only at prompt and sequence ends), so a later
     /// prompt that forks there reuses the prefix; more often costs more memory (a
@@ -164,6 +169,7 @@ impl Default for EngineConfig {
             ssd: None,
             deterministic: false,
             swa_full: false,
+            flash_decode: false,
             window_checkpoint_tokens: 8192,
             state_checkpoint_tokens: 2048,
             answer_state_checkpoints: false,

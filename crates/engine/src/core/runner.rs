@@ -119,6 +119,7 @@ impl EngineCore {
         let sliding = self.cache.sliding().map(|s| s.window() as u32);
         let mut b = StepBatch {
             kv_slots: vec![Vec::new(); self.groups.len()],
+            flash_decode: self.config.flash_decode,
             ..StepBatch::default()
         };
         // Requests verifying drafts on a hybrid model so far (their scratch slots).
