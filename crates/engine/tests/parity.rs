@@ -64,8 +64,7 @@ const LOGPROB_TOL_HYBRID: f32 = 0.05;
 /// on an AMD Zen 4 (codegen znver3), Tempo9 differs by 0.351 at step 36 of
 /// `long_3_chunks` (1515-token prompt) while llama.cpp's own `-fa off` differs from
 /// that fixture by 0.327 within the same case's first 40 steps and changes tokens in
-/// 14 of its 16 cases (`fa_off_drift.py qwen35moe-tiny --fixture
-/// x86_64-avx512-znver3.json`).
+/// 14 of its 16 cases (`fa_off_drift.py qwen35moe-tiny` on that machine).
 const LOGPROB_TOL_MATMUL_HYBRID: f32 = 0.4;
 
 /// The flash-attention-step tolerance of the fixture directory `dir`.
