@@ -278,7 +278,7 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
     // Worst differences on flash-attention steps and on matmul-attention steps.
     let (mut worst, mut worst_mm) = (0f32, 0f32);
     // Where each worst difference is (case, step), for the message.
-    let (mut worst_at, mut worst_mm_at) = (String::new(), String::new());
+    let (mut worst_at, mut worst_mm_at) = ("no step".to_string(), "no step".to_string());
     for c in cases {
         let name = c["name"].as_str().unwrap_or("?");
         let want = ids(&c["tokens"]);
