@@ -97,6 +97,7 @@ impl GrammarCompiler {
         Ok(Constraint {
             matcher,
             n_vocab: self.inner.tok.vocab_size(),
+            tok: self.inner.tok.clone(),
             digits: grammar
                 .bounds()
                 .max_digit_run
@@ -118,6 +119,8 @@ impl GrammarCompiler {
 pub struct Constraint {
     matcher: Matcher,
     n_vocab: usize,
+    /// Tokenizes [`Constraint::advance_text`]'s prompt text.
+    tok: Arc<Tokenizer>,
     /// The grammar's digit-run bound, if any ([`crate::OutputBounds`]).
     digits: Option<DigitGuard>,
     /// Steering to the end in the last tokens before the limit, if any.
@@ -216,10 +219,11 @@ impl Constraint {
     /// Advances past `text` that is part of the output but was not sampled under
     /// this constraint, e.g. the start of a tool call the server appended to the
     /// prompt (`ToolFormat::forced_prefix`). Errors if the grammar does not allow
-    /// it here.
+    /// it here. The text is tokenized as the prompt it was appended to: markup
+    /// that is a control token of the vocabulary (Gemma 4's `<|tool_call>`,
+    /// harmony's `<|channel|>`, Mistral's `[TOOL_CALLS]`) becomes that token.
     pub fn advance_text(&mut self, text: &str) -> Result<(), String> {
-        let env = self.matcher.tok_env().map_err(|e| e.to_string())?;
-        let tokens = env.tokenize_bytes(text.as_bytes());
+        let tokens = self.tok.encode(text, false, true);
         let n = self
             .matcher
             .try_consume_tokens(&tokens)

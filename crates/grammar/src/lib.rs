@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod bounds;
+mod call_syntax;
 mod constraint;
 mod env;
 mod grammar;
@@ -40,7 +41,9 @@ pub use env::TokenizerEnvImpl;
 pub use grammar::{
     Grammar, GrammarKind, SchemaMode, JSON_ITEM_SEPARATOR, JSON_KEY_SEPARATOR, TOOL_JSON_WHITESPACE,
 };
-pub use tools::{ReasoningMarkup, ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec};
+pub use tools::{
+    CallSyntax, ReasoningMarkup, ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec,
+};
 
 /// Why a grammar could not be built; the message names the problem and is meant
 /// for the client (HTTP 400).

@@ -8,13 +8,16 @@
 use serde_json::{json, Value};
 use tempo9_tokenizer::Tokenizer;
 
+pub use crate::call_syntax::CallSyntax;
+use crate::call_syntax::{self, GEMMA4_QUOTE};
 use crate::grammar::{check_meta_schema, validate, with_guidance_options};
 use crate::{Grammar, GrammarError, GrammarKind, SchemaMode};
 use llguidance::api::TopLevelGrammar;
 
 /// How a model family writes tool calls: `begin`, then the calls joined by
-/// `separator`, then `end`; each call is `open`, a JSON object
-/// `{"<name_key>": "<tool>", "<arguments_key>": <arguments>}`, then `close`.
+/// `separator`, then `end`; each call is `open`, the call in its [`CallSyntax`]
+/// (for most families a JSON object `{"<name_key>": "<tool>", "<arguments_key>":
+/// <arguments>}`), then `close`.
 ///
 /// Markup is read the way the model writes it: control tokens of the vocabulary
 /// inside it (Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>`) must be
@@ -32,6 +35,8 @@ pub struct ToolCallFormat {
     pub close: String,
     /// Text between consecutive calls.
     pub separator: String,
+    /// How the name and arguments of one call are written.
+    pub syntax: CallSyntax,
     /// Key of the tool name in the call object.
     pub name_key: String,
     /// Key of the arguments object in the call object.
@@ -65,6 +70,7 @@ impl ToolCallFormat {
             open: "<tool_call>\n".into(),
             close: "\n</tool_call>".into(),
             separator: "\n".into(),
+            syntax: CallSyntax::JsonObject,
             name_key: "name".into(),
             arguments_key: "arguments".into(),
             reasoning: None,
@@ -80,6 +86,7 @@ impl ToolCallFormat {
             open: String::new(),
             close: String::new(),
             separator: "; ".into(),
+            syntax: CallSyntax::JsonObject,
             name_key: "name".into(),
             arguments_key: "parameters".into(),
             reasoning: None,
@@ -95,9 +102,44 @@ impl ToolCallFormat {
             open: String::new(),
             close: String::new(),
             separator: ", ".into(),
+            syntax: CallSyntax::JsonObject,
             name_key: "name".into(),
             arguments_key: "arguments".into(),
             reasoning: None,
+        }
+    }
+
+    /// GPT-OSS harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}<|call|>`.
+    /// One call per message: `<|call|>` ends the turn.
+    pub fn harmony() -> ToolCallFormat {
+        ToolCallFormat {
+            open: "<|channel|>commentary to=functions.".into(),
+            close: "<|call|>".into(),
+            separator: String::new(),
+            syntax: CallSyntax::NameThenJson {
+                between: " <|constrain|>json<|message|>".into(),
+            },
+            ..ToolCallFormat::hermes()
+        }
+    }
+
+    /// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>`.
+    pub fn qwen_xml() -> ToolCallFormat {
+        ToolCallFormat {
+            syntax: CallSyntax::QwenXml,
+            close: "\n</tool_call>".into(),
+            ..ToolCallFormat::hermes()
+        }
+    }
+
+    /// Gemma 4: `<|tool_call>call:NAME{key:VALUE,..}<tool_call|>`, calls back to back.
+    pub fn gemma4() -> ToolCallFormat {
+        ToolCallFormat {
+            open: "<|tool_call>".into(),
+            close: "<tool_call|>".into(),
+            separator: String::new(),
+            syntax: CallSyntax::Gemma4,
+            ..ToolCallFormat::hermes()
         }
     }
 }
@@ -226,20 +268,41 @@ impl ToolCallGrammar {
         let bad = |m: String| GrammarError::InvalidTools(m);
         let f = &self.format;
         let mut lark = String::from("%llguidance {}\n");
+        let mode = |t: &ToolSpec| match t.strict {
+            true => SchemaMode::Strict,
+            false => SchemaMode::Lenient,
+        };
+        let quote = markup(tok, GEMMA4_QUOTE);
+        if f.syntax == CallSyntax::Gemma4 {
+            let is_token = matches!(pieces(tok, GEMMA4_QUOTE).as_slice(), [Piece::Control(_)]);
+            lark.push_str(&call_syntax::gemma4_common(&quote, is_token));
+        }
         // One alternative per tool: name fixed as literal text, arguments by schema.
         let mut alts = Vec::new();
         for (i, (t, schema)) in selected.iter().zip(schemas).enumerate() {
-            let head = format!(
-                "{{{}: {}, {}: ",
-                json_str(&f.name_key),
-                json_str(&t.name),
-                json_str(&f.arguments_key)
-            );
-            lark.push_str(&format!(
-                "body_{i}: {} args_{i} \"}}\"\nargs_{i}: %json {}\n",
-                json_str(&head),
+            let json = format!(
+                "%json {}",
                 serde_json::to_string(schema).expect("a JSON value serializes")
-            ));
+            );
+            lark.push_str(&match &f.syntax {
+                CallSyntax::JsonObject => {
+                    let head = format!(
+                        "{{{}: {}, {}: ",
+                        json_str(&f.name_key),
+                        json_str(&t.name),
+                        json_str(&f.arguments_key)
+                    );
+                    format!(
+                        "body_{i}: {} args_{i} \"}}\"\nargs_{i}: {json}\n",
+                        json_str(&head)
+                    )
+                }
+                CallSyntax::NameThenJson { between } => {
+                    call_syntax::name_then_json(i, &t.name, &markup(tok, between), &json)
+                }
+                CallSyntax::QwenXml => call_syntax::qwen_xml(i, &t.name, schema, mode(t)),
+                CallSyntax::Gemma4 => call_syntax::gemma4(i, &t.name, schema, &quote),
+            });
             alts.push(format!("body_{i}"));
         }
         lark.push_str(&format!("body: {}\n", alts.join(" | ")));
@@ -257,6 +320,9 @@ impl ToolCallGrammar {
             ToolChoice::Required | ToolChoice::Named(_) => {
                 let begin = markup(tok, &f.begin);
                 lark.push_str(&format!("start: {begin} call{more} {end}\n"));
+                if matches!(f.syntax, CallSyntax::QwenXml | CallSyntax::Gemma4) {
+                    lark.push_str("TEXT: /(.|\\n)*/\n");
+                }
             }
             ToolChoice::Auto => {
                 // Free text until the model writes the trigger (the first piece of

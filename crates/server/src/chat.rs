@@ -162,8 +162,10 @@ fn grammar_format(f: ToolFormat) -> Option<tempo9_grammar::ToolCallFormat> {
         ToolFormat::Hermes => Some(tempo9_grammar::ToolCallFormat::hermes()),
         ToolFormat::Llama3 => Some(tempo9_grammar::ToolCallFormat::llama3_json()),
         ToolFormat::Mistral => Some(tempo9_grammar::ToolCallFormat::mistral()),
-        // Formats whose calls are not one JSON object each have no grammar yet.
-        _ => None,
+        ToolFormat::QwenXml => Some(tempo9_grammar::ToolCallFormat::qwen_xml()),
+        ToolFormat::Harmony => Some(tempo9_grammar::ToolCallFormat::harmony()),
+        ToolFormat::Gemma4 => Some(tempo9_grammar::ToolCallFormat::gemma4()),
+        ToolFormat::None => None,
     }
 }
 
@@ -195,6 +197,17 @@ pub fn tool_call_grammar(
     let gchoice = match choice {
         ToolChoice::None => return Ok(None),
         ToolChoice::Auto if gformat.begin.is_empty() && gformat.open.is_empty() => return Ok(None),
+        // Auto mode is left to the parsers here: harmony's and Gemma 4's free text
+        // (other channels, thinking) holds control tokens a text rule cannot
+        // produce, and Qwen XML's has not been measured with a grammar yet.
+        ToolChoice::Auto
+            if matches!(
+                format,
+                ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::QwenXml
+            ) =>
+        {
+            return Ok(None)
+        }
         ToolChoice::Auto => G::Auto,
         ToolChoice::Required => G::Required,
         ToolChoice::Named(n) => G::Named(n.clone()),
@@ -217,7 +230,8 @@ pub fn tool_call_grammar(
         format: gformat,
         tools: specs,
         choice: gchoice,
-        parallel,
+        // Harmony's `<|call|>` ends the turn: one call per message.
+        parallel: parallel && format != ToolFormat::Harmony,
     }
     .build(tok)
     .map(Some)
@@ -1104,7 +1118,9 @@ mod tests {
         assert!(grammar_format(ToolFormat::Hermes).is_some());
         assert!(grammar_format(ToolFormat::Mistral).is_some());
         assert!(grammar_format(ToolFormat::Llama3).is_some());
-        assert!(grammar_format(ToolFormat::Harmony).is_none());
+        assert!(grammar_format(ToolFormat::Harmony).is_some());
+        assert!(grammar_format(ToolFormat::QwenXml).is_some());
+        assert!(grammar_format(ToolFormat::Gemma4).is_some());
         assert!(grammar_format(ToolFormat::None).is_none());
     }
 
