@@ -396,12 +396,21 @@ impl<'a> Builder<'a> {
         let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
         // A view, not a reshape, of the (roped, contiguous) K: ggml-cuda fuses
         // rope → view → set_rows into one kernel (a reshape breaks the pattern).
-        let k_rows = ctx.view(k, &[hp.n_embd_k_of(il) as i64, n_t], &[k.nb()[2]], 0);
+        // That kernel addresses the cache with a 32-bit element offset (row index ×
+        // row stride, rope.cu), which wraps past 2^31 elements and writes out of
+        // bounds: our cache spans the whole KV budget, not one context, so on a GPU
+        // with a large budget a reshape keeps the unfused, 64-bit `set_rows`.
+        let k_cache = self.kv.k(il);
+        let shape = [hp.n_embd_k_of(il) as i64, n_t];
+        let k_rows = match fused_offsets_fit(k_cache) {
+            true => ctx.view(k, &shape, &[k.nb()[2]], 0),
+            false => ctx.reshape(k, &shape),
+        };
         let v_rows = ctx.reshape(v, &[hp.n_embd_v_of(il) as i64, n_t]);
         let group = self.kv.group_of(il);
         let slots = self.inp.slots[group];
         // Write first (and make the reads below depend on the writes).
-        let k_all = ctx.set_rows(self.kv.k(il), k_rows, slots);
+        let k_all = ctx.set_rows(k_cache, k_rows, slots);
         let v_all = ctx.set_rows(self.kv.v(il), v_rows, slots);
         self.graph.expand(k_all);
         self.graph.expand(v_all);
@@ -625,10 +634,34 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// Whether every element offset into `cache` (one layer's K cells) fits the 32-bit
+/// offset of ggml-cuda's fused rope → set_rows kernel.
+fn fused_offsets_fit(cache: Tensor<'_>) -> bool {
+    let [_, rows, _, _] = cache.ne();
+    let nb = cache.nb();
+    let stride = (nb[1] / nb[0].max(1)) as i64;
+    rows.saturating_add(1).saturating_mul(stride) <= i64::from(i32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tempo9_ggml::{f16_bits_to_f32 as f16_to_f32, f32_to_f16_bits, Backend, Device, Scheduler};
+
+    /// The fused rope → set_rows kernel is kept only where its 32-bit element
+    /// offsets reach every cell: a 2 GiB F16 K of 64-wide rows fits (2^24 rows ×
+    /// 64 = 2^30 elements); 2^25 rows (2^31 elements, on a GPU with a large KV
+    /// budget) does not.
+    #[test]
+    fn fused_rope_set_rows_only_within_32_bit_offsets() {
+        let ctx = Context::new(8, 0).unwrap();
+        assert!(fused_offsets_fit(ctx.new_tensor(DType::F16, &[64, 1 << 24])));
+        assert!(!fused_offsets_fit(ctx.new_tensor(DType::F16, &[64, 1 << 25])));
+        // A layer's view into a larger pool counts its own rows.
+        let pool = ctx.new_tensor(DType::F32, &[128, 1 << 24, 2]);
+        assert!(fused_offsets_fit(ctx.view(pool, &[128, 1 << 20], &[pool.nb()[1]], 0)));
+        assert!(!fused_offsets_fit(ctx.view(pool, &[128, 1 << 24], &[pool.nb()[1]], 0)));
+    }
 
     /// The matmul path computes what flash attention computes (a GQA decode row
     /// over a long window with masked cells), both within F16 rounding of an f64
