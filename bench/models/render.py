@@ -35,6 +35,7 @@ CHECKS = [
 CUDA_SOURCES = [
     ("bench/results/2026-12-02-gpu-h200-real.compare.jsonl", "smollm2-135m-instruct-q4_1"),
     ("bench/results/2026-12-03-qwen3-family.h200.compare.jsonl", None),
+    ("bench/results/2026-12-04-arch30.h200.compare.jsonl", None),
 ]
 
 MARK = {"pass": "pass", "fail": "**fail**", "not run": "not run"}
