@@ -93,7 +93,8 @@
 #           synth-gguf; pp512/tg256 Tempo9 and llama-bench alternated, 1/8/32 streams
 #           against llama-batched-bench; and the tiny gpt-oss/gemma4/gemma4moe/llama3/
 #           mistral3 files' greedy tokens on CUDA against the CPU (check-device) and
-#           against llama.cpp's own CPU and CUDA runs (llama-greedy), as `qwen` does
+#           against llama.cpp's own CPU and CUDA runs (llama-greedy), as `qwen` does;
+#           ARCH30_SHAPES / ARCH30_TINY: which big shapes / tiny presets (space-separated)
 #   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
@@ -704,7 +705,7 @@ fi
 
 if has arch30; then
     say arch30
-    for m in gpt-oss-20b gemma-4-26b-a4b; do
+    for m in ${ARCH30_SHAPES-gpt-oss-20b gemma-4-26b-a4b}; do
         f="$work/$m.gguf"
         t0=$SECONDS
         $T synth-gguf --preset $m --unique-mib 4 --out "$f.part" 2>>"$out/run.log" && mv "$f.part" "$f" \
@@ -729,7 +730,7 @@ if has arch30; then
     raw="$work/arch30-raw"
     mkdir -p "$raw"
     # Synthetic vocabularies (no vocab files carried): random-id prompts only.
-    for m in gpt-oss gemma4 gemma4moe llama3 mistral3; do
+    for m in ${ARCH30_TINY-gpt-oss gemma4 gemma4moe llama3 mistral3}; do
         f="$work/$m-tiny.gguf"
         $T synth-gguf --preset $m-tiny --quant q8_0 --seed 1 --out "$f" 2>>"$out/run.log" \
             || { echo "synth-gguf $m-tiny failed"; continue; }
