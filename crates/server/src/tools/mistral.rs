@@ -85,6 +85,30 @@ impl MistralParser {
     }
 }
 
+impl MistralParser {
+    /// At the end of an output cut off inside a `[{…}, {…}, …` array (the token
+    /// limit): the calls whose objects are complete, and the unfinished rest as
+    /// text. `None` when not even the first object is complete.
+    fn take_array_prefix(&self) -> Option<(Vec<ToolCall>, String)> {
+        let mut rest = self.buf.trim_start().strip_prefix('[')?;
+        let mut calls = Vec::new();
+        loop {
+            let t = rest.trim_start();
+            let Some(end) = t.starts_with('{').then(|| json_end(t)).flatten() else {
+                break;
+            };
+            let v: Value = serde_json::from_str(&t[..end]).ok()?;
+            calls.push(call_from_json(&v)?);
+            rest = t[end..].trim_start();
+            match rest.strip_prefix(',') {
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        (!calls.is_empty()).then(|| (calls, rest.to_string()))
+    }
+}
+
 impl Default for MistralParser {
     fn default() -> Self {
         Self::new()
@@ -138,10 +162,16 @@ impl ToolParser for MistralParser {
                     out.extend(calls.into_iter().map(Piece::Call));
                     push_text(out, self.buf.trim());
                 }
-                _ => {
-                    let t = format!("{TOOL_CALLS}{}", std::mem::take(&mut self.buf));
-                    push_text(out, &t);
-                }
+                _ => match self.take_array_prefix() {
+                    Some((calls, rest)) => {
+                        out.extend(calls.into_iter().map(Piece::Call));
+                        push_text(out, rest.trim());
+                    }
+                    None => {
+                        let t = format!("{TOOL_CALLS}{}", std::mem::take(&mut self.buf));
+                        push_text(out, &t);
+                    }
+                },
             },
         }
         self.buf.clear();
@@ -155,6 +185,21 @@ mod tests {
 
     fn run(t: &str) -> Vec<Piece> {
         parse_all_splits(&|| Box::new(MistralParser::new()), t)
+    }
+
+    /// An output cut off by the token limit inside the array keeps its complete calls.
+    #[test]
+    fn cut_off_array_keeps_complete_calls() {
+        let out = run(
+            "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", \"argu",
+        );
+        assert_eq!(
+            out,
+            vec![call("a", "{\"x\":1}"), text("{\"name\": \"b\", \"argu")]
+        );
+        // Nothing complete: all of it is text, as before.
+        let t = "[TOOL_CALLS][{\"name\": \"a\"";
+        assert_eq!(run(t), vec![text(t)]);
     }
 
     #[test]
