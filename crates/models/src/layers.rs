@@ -655,12 +655,26 @@ mod tests {
     #[test]
     fn fused_rope_set_rows_only_within_32_bit_offsets() {
         let ctx = Context::new(8, 0).unwrap();
-        assert!(fused_offsets_fit(ctx.new_tensor(DType::F16, &[64, 1 << 24])));
-        assert!(!fused_offsets_fit(ctx.new_tensor(DType::F16, &[64, 1 << 25])));
+        assert!(fused_offsets_fit(
+            ctx.new_tensor(DType::F16, &[64, 1 << 24])
+        ));
+        assert!(!fused_offsets_fit(
+            ctx.new_tensor(DType::F16, &[64, 1 << 25])
+        ));
         // A layer's view into a larger pool counts its own rows.
         let pool = ctx.new_tensor(DType::F32, &[128, 1 << 24, 2]);
-        assert!(fused_offsets_fit(ctx.view(pool, &[128, 1 << 20], &[pool.nb()[1]], 0)));
-        assert!(!fused_offsets_fit(ctx.view(pool, &[128, 1 << 24], &[pool.nb()[1]], 0)));
+        assert!(fused_offsets_fit(ctx.view(
+            pool,
+            &[128, 1 << 20],
+            &[pool.nb()[1]],
+            0
+        )));
+        assert!(!fused_offsets_fit(ctx.view(
+            pool,
+            &[128, 1 << 24],
+            &[pool.nb()[1]],
+            0
+        )));
     }
 
     /// The matmul path computes what flash attention computes (a GQA decode row
