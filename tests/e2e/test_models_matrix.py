@@ -5,6 +5,7 @@ and the greedy comparison that fills those cells tells a match from a parting.""
 import copy
 import json
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,3 +101,16 @@ def test_a_stop_where_llama_cpp_masked_the_end_token_counts_as_identical():
     # Stopping one step early is not llama.cpp's generation.
     early = dict(got, pieces=pieces[:6] + ["<|im_end|>"], n=7, text="The capital of Japan is Tokyo")
     assert not checks.compare_case(case, early)[0]
+
+
+def test_near_tie_margins_are_the_parity_tests():
+    attn = open(os.path.join(ROOT, "crates", "models", "src", "attn.rs")).read()
+    assert re.search(r"pub const MATMUL_DECODE_ABOVE: usize = %d;" % checks.MATMUL_DECODE_ABOVE, attn)
+    parity = open(os.path.join(ROOT, "crates", "engine", "tests", "parity.rs")).read()
+    assert re.search(r"const LOGPROB_TOL_MATMUL: f32 = %s;" % checks.TIE_MATMUL, parity)
+    assert re.search(r"const LOGPROB_TOL_MATMUL_HYBRID: f32 = %s;" % checks.TIE_MATMUL_HYBRID, parity)
+    long_case = {"prompt_ids": [0] * 300}
+    assert checks.tie_at(long_case, 0, checks.TIE_REAL, "qwen2") == checks.TIE_REAL  # the prompt pass
+    assert checks.tie_at(long_case, 5, checks.TIE_REAL, "qwen2") == checks.TIE_MATMUL
+    assert checks.tie_at({"prompt_ids": [0] * 10}, 5, checks.TIE_REAL, "qwen2") == checks.TIE_REAL
+    assert checks.tie_at(long_case, 5, checks.TIE_SYNTH, "qwen35moe") == checks.TIE_MATMUL_HYBRID
