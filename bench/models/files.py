@@ -49,7 +49,8 @@ QWEN35_VOCAB = (("vocab_files", "qwen35_test_vectors_match_llama_cpp"),
                 ("vocab_files", "qwen35_corpus_matches_llama_tokenize"))
 LLAMA3_VOCAB = (("vocab_files", "llama_bpe_test_vectors_match_llama_cpp"),
                 ("vocab_files", "llama_bpe_corpus_matches_llama_tokenize"))
-GEMMA4_VOCAB = (("vocab_files", "gemma_4_test_vectors_match_llama_cpp"),)
+GEMMA4_VOCAB = (("vocab_files", "gemma_4_test_vectors_match_llama_cpp"),
+                ("vocab_files", "gemma_4_corpus_matches_llama_tokenize"))
 QWEN3_TEMPLATE = ("chat_fixtures", "qwen3_template_matches_llama_cpp")
 QWEN35_TEMPLATE = ("chat_fixtures", "qwen35_template_matches_llama_cpp")
 LLAMA3_TEMPLATE = ("chat_fixtures", "llama3_template_matches_llama_cpp")

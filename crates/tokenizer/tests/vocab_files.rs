@@ -147,3 +147,8 @@ fn llama_bpe_corpus_matches_llama_tokenize() {
 fn gemma_4_test_vectors_match_llama_cpp() {
     check_test_vectors("gemma-4");
 }
+
+#[test]
+fn gemma_4_corpus_matches_llama_tokenize() {
+    check_corpus("gemma-4");
+}
