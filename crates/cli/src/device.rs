@@ -107,20 +107,10 @@ impl DeviceArgs {
     /// than the language model's (`lm`) when there is one (the CPU beside a GPU,
     /// a GPU beside the CPU), so encodes and decode steps do not share one.
     pub fn vision_device(&self, choice: Option<VisionDevice>, lm: Device) -> Result<Device> {
-        let gpu = || -> Result<Device, String> {
-            match cuda_devices(self.backend_dir.as_ref()) {
-                Ok(devs) => devs
-                    .iter()
-                    .copied()
-                    .find(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IGpu))
-                    .ok_or_else(|| "the CUDA backend found no GPU".to_string()),
-                Err(e) => Err(e.clone()),
-            }
-        };
         Ok(match choice {
             Some(VisionDevice::Cpu) => Device::cpu(),
             Some(VisionDevice::Same) => lm,
-            Some(VisionDevice::Cuda) => gpu().map_err(|e| {
+            Some(VisionDevice::Cuda) => self.first_gpu().map_err(|e| {
                 anyhow::anyhow!(
                     "--vision-device cuda: {e} (build it with scripts/gpu/build-cuda.sh; \
                      --backend-dir or TEMPO9_BACKEND_DIR say where it is)"
@@ -128,9 +118,23 @@ impl DeviceArgs {
             })?,
             None if lm.kind() != DeviceKind::Cpu => Device::cpu(),
             // Only look for a GPU where the model's device choice allowed one.
-            None if self.device != DeviceChoice::Cpu => gpu().unwrap_or_else(|_| Device::cpu()),
+            None if self.device != DeviceChoice::Cpu => {
+                self.first_gpu().unwrap_or_else(|_| Device::cpu())
+            }
             None => Device::cpu(),
         })
+    }
+
+    /// The CUDA backend's first GPU, or why there is none.
+    fn first_gpu(&self) -> Result<Device, String> {
+        match cuda_devices(self.backend_dir.as_ref()) {
+            Ok(devs) => devs
+                .iter()
+                .copied()
+                .find(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IGpu))
+                .ok_or_else(|| "the CUDA backend found no GPU".to_string()),
+            Err(e) => Err(e.clone()),
+        }
     }
 
     /// Which layers the GPU gets (`--gpu-layers`).
@@ -143,14 +147,7 @@ impl DeviceArgs {
         if self.device == DeviceChoice::Cpu {
             return Ok(Device::cpu());
         }
-        let gpu = match cuda_devices(self.backend_dir.as_ref()) {
-            Ok(devs) => devs
-                .iter()
-                .copied()
-                .find(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IGpu))
-                .ok_or_else(|| "the CUDA backend found no GPU".to_string()),
-            Err(e) => Err(e.clone()),
-        };
+        let gpu = self.first_gpu();
         match (gpu, self.device) {
             (Ok(d), _) => {
                 let (free, total) = d.memory();

@@ -73,24 +73,9 @@ fn compile(tok: &Arc<Tokenizer>, format: ToolCallFormat, choice: ToolChoice) -> 
         .unwrap()
 }
 
-/// Feeds `text` tokenized as a model writes markup (control-token strings become
-/// the tokens); true when every token is allowed and the grammar can end after.
+/// [`common::accepts`] of text as a model writes markup.
 fn accepts(c: &mut Constraint, tok: &Tokenizer, text: &str) -> bool {
-    for t in tok.encode(text, false, true) {
-        let Ok(m) = c.compute_mask_words() else {
-            return false;
-        };
-        if m[t as usize / 32] & (1 << (t % 32)) == 0 || c.accept_token(t).is_err() {
-            return false;
-        }
-    }
-    if c.is_finished() {
-        return true;
-    }
-    let m = c.compute_mask_words().unwrap();
-    tok.eog_tokens()
-        .iter()
-        .any(|&e| m[e as usize / 32] & (1 << (e % 32)) != 0)
+    common::accepts(c, tok, text, true)
 }
 
 /// Each case: (output, accepted?) under `tool_choice: required`.

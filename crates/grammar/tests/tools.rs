@@ -51,23 +51,9 @@ fn request(choice: ToolChoice, parallel: bool) -> ToolCallGrammar {
     }
 }
 
-/// Feeds `text` token by token; true when every token is allowed and the
-/// grammar can end afterwards.
+/// [`common::accepts`] of text as plain text.
 fn accepts(c: &mut Constraint, tok: &Tokenizer, text: &str) -> bool {
-    for t in tok.encode(text, false, false) {
-        let Ok(m) = c.compute_mask_words() else {
-            return false;
-        };
-        if m[t as usize / 32] & (1 << (t % 32)) == 0 || c.accept_token(t).is_err() {
-            return false;
-        }
-    }
-    if c.is_finished() {
-        return true;
-    }
-    let eos = tok.eos().unwrap();
-    let m = c.compute_mask_words().unwrap();
-    m[eos as usize / 32] & (1 << (eos % 32)) != 0
+    common::accepts(c, tok, text, false)
 }
 
 const WEATHER: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";

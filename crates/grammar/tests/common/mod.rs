@@ -154,3 +154,23 @@ pub fn manifest_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+/// Feeds `text` token by token (`parse_special`: control-token strings in it become
+/// those tokens, as a model writes markup); true when every token is allowed and
+/// the grammar can end afterwards.
+pub fn accepts(c: &mut Constraint, tok: &Tokenizer, text: &str, parse_special: bool) -> bool {
+    for t in tok.encode(text, false, parse_special) {
+        let Ok(m) = c.compute_mask_words() else {
+            return false;
+        };
+        if m[t as usize / 32] & (1 << (t % 32)) == 0 || c.accept_token(t).is_err() {
+            return false;
+        }
+    }
+    if c.is_finished() {
+        return true;
+    }
+    let eos = tok.eos().unwrap();
+    let m = c.compute_mask_words().unwrap();
+    m[eos as usize / 32] & (1 << (eos % 32)) != 0
+}
