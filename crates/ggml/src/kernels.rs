@@ -88,6 +88,29 @@ impl KernelSet {
     pub fn fingerprint(&self) -> String {
         format!("{}:{}", self.arch, self.features.join("+"))
     }
+
+    /// The compiler target ggml was built for: `TEMPO9_TARGET_CPU` (scripts/test.sh
+    /// builds for it), or what the C compiler resolves `-march=native` to on this
+    /// machine ("unknown" when it cannot say). Builds of one kernel set for different
+    /// targets round plain C loops differently, so fixtures exact to floating point
+    /// record it beside the fingerprint.
+    pub fn codegen() -> String {
+        match std::env::var("TEMPO9_TARGET_CPU") {
+            Ok(cpu) if !cpu.is_empty() && cpu != "native" => cpu,
+            _ => std::process::Command::new("cc")
+                .args(["-march=native", "-Q", "--help=target"])
+                .output()
+                .ok()
+                .and_then(|o| {
+                    String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
+                        l.trim()
+                            .strip_prefix("-march=")
+                            .map(|v| v.trim().to_string())
+                    })
+                })
+                .unwrap_or_else(|| "unknown".into()),
+        }
+    }
 }
 
 /// The features among `on` that select kernels: all but `AVX_VNNI` where

@@ -134,24 +134,7 @@ pub fn model_path(file: &str) -> Option<PathBuf> {
     );
 }
 
-/// The compiler target this build's ggml was compiled for: `TEMPO9_TARGET_CPU`
-/// (scripts/test.sh builds for it), or what the C compiler resolves `-march=native`
-/// to on this machine ("unknown" when it cannot say). Fixtures exact to floating
-/// point record it: plain C loops round differently per target.
+/// The compiler target this build's ggml was compiled for (`tempo9_ggml::KernelSet::codegen`).
 pub fn codegen() -> String {
-    match std::env::var("TEMPO9_TARGET_CPU") {
-        Ok(cpu) if !cpu.is_empty() && cpu != "native" => cpu,
-        _ => std::process::Command::new("cc")
-            .args(["-march=native", "-Q", "--help=target"])
-            .output()
-            .ok()
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
-                    l.trim()
-                        .strip_prefix("-march=")
-                        .map(|v| v.trim().to_string())
-                })
-            })
-            .unwrap_or_else(|| "unknown".into()),
-    }
+    tempo9_ggml::KernelSet::codegen()
 }
