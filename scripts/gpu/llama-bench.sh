@@ -9,7 +9,7 @@
 # llama-common and llama-bench (~2 min on 16 cores); with GGML_BACKEND_DL the
 # CUDA library is loaded from the binary's directory at run time.
 #
-# Also llama-batched-bench when prepare.sh staged its source.
+# Also llama-batched-bench and llama-mtmd-cli when prepare.sh staged their source.
 # Usage: scripts/gpu/llama-bench.sh build | run MODEL [llama-bench args...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,6 +26,7 @@ build)
         >"$build.configure.log"
     targets=(llama-bench ggml-cpu)
     [ -d "$root/.llama-src/tools/batched-bench" ] && targets+=(llama-batched-bench)
+    [ -d "$root/.llama-src/tools/mtmd" ] && targets+=(llama-mtmd-cli)
     cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
     cp "$root/.gpu-carry/libggml-cuda.so" "$build/bin/"
     echo "built $build/bin/llama-bench in $(( $(date +%s) - t0 )) s"

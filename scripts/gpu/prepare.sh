@@ -67,6 +67,15 @@ if [ -f "$bench_src/llama-bench.cpp" ]; then
         cp "$bb"/batched-bench.cpp "$bb"/main.cpp "$bb"/CMakeLists.txt "$d/tools/batched-bench/"
         echo 'add_subdirectory(batched-bench)' >>"$d/tools/CMakeLists.txt"
     fi
+    # llama.cpp's mtmd library and llama-mtmd-cli (the image-encode reference of
+    # bench/vision), from the crate's own tools/mtmd (the same files as b11434's);
+    # its audio code needs miniaudio's header.
+    if [ -f "$l/tools/mtmd/mtmd.cpp" ]; then
+        mkdir -p "$d/tools/mtmd"
+        (cd "$l/tools/mtmd" && cp -a CMakeLists.txt *.cpp *.h models debug "$d/tools/mtmd/")
+        cp "$l/vendor/miniaudio/miniaudio.h" "$d/vendor/miniaudio/"
+        echo 'add_subdirectory(mtmd)' >>"$d/tools/CMakeLists.txt"
+    fi
     # Packed too: carry .llama-src.tar.xz instead of the folder where the carry limit
     # (64 MiB) is tight; run-h200.sh unpacks it.
     tar -C "$root" -cJf "$root/.llama-src.tar.xz" .llama-src

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 vision32 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -95,6 +95,16 @@
 #           mistral3 files' greedy tokens on CUDA against the CPU (check-device) and
 #           against llama.cpp's own CPU and CUDA runs (llama-greedy), as `qwen` does;
 #           ARCH30_SHAPES / ARCH30_TINY: which big shapes / tiny presets (space-separated)
+#   vision32  issue 32 on the GPU: the tiny Qwen3-VL pair's greedy answers about 5 images
+#           with encoder and model on CUDA against both on the CPU (bench/vision/gpu_vs_cpu.py);
+#           then the Qwen3-VL-30B-A3B shape (Q4_K language model, F16 projector, both
+#           synth-gguf): 4 streams decoding while a 5th request sends a new image every
+#           second, with the encoder inside the decode step (--vision-inline), on its own
+#           thread and GPU stream, and on the CPU, and text prompts of the same length
+#           instead of images (the prefill alone; bench/vision/encode_while_decode.py);
+#           with .llama-src, llama-mtmd-cli's encode time on the same files.
+#           VISION32_SIZE (default 768x768), VISION32_WINDOW (s, default 15),
+#           VISION32_REPS (repetitions, alternating the variants' order; default 1)
 #   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
@@ -148,7 +158,7 @@ if has build; then
     fi
 fi
 
-if { has llamabench || has host35 || has arch30 || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has ncu35d || has batched35 || has batched30; } && [ -d "$root/.llama-src" ]; then
+if { has llamabench || has host35 || has arch30 || has real || has qwen || has qwenbench || has pdlprobe || has ab35 || has ncu35 || has ncu35d || has batched35 || has batched30 || has vision32; } && [ -d "$root/.llama-src" ]; then
     # CPU-only compile; overlaps the synthetic model writing below.
     bash "$root/scripts/gpu/llama-bench.sh" build >"$work/llama-build.log" 2>&1 &
     llama_build=$!
@@ -159,6 +169,18 @@ if has synth; then
     $T synth-gguf --arch llama --preset 135m --quant q4_k --out "$work/llama-135m-q4_k.gguf"
     $T synth-gguf --arch qwen2 --preset 0.5b --quant q4_k --out "$work/qwen2-0.5b-q4_k.gguf"
     $T synth-gguf --arch llama --preset 8b --quant q4_k --unique-mib 4 --out "$work/llama-8b-q4_k.gguf"
+fi
+
+if has vision32; then
+    # vision32's files, written while llama.cpp compiles.
+    say vision32 files
+    $T synth-gguf --preset qwen3vl-tiny --quant q8_0 --seed 1 --out "$work/qwen3vl-tiny.gguf" >>"$out/run.log" 2>&1
+    $T synth-gguf --projector qwen3vl-tiny --out "$work/mmproj-qwen3vl-tiny.gguf" >>"$out/run.log" 2>&1
+    [ -f "$work/qwen3-vl-30b-a3b-q4_k.gguf" ] || $T synth-gguf --preset qwen3-vl-30b-a3b --quant q4_k \
+        --unique-mib 4 --out "$work/qwen3-vl-30b-a3b-q4_k.gguf" >>"$out/run.log" 2>&1
+    [ -f "$work/mmproj-qwen3-vl-30b-a3b-f16.gguf" ] || $T synth-gguf --projector qwen3-vl-30b-a3b \
+        --out "$work/mmproj-qwen3-vl-30b-a3b-f16.gguf" >>"$out/run.log" 2>&1
+    ls -la "$work"/*qwen3*vl*.gguf >>"$out/run.log"
 fi
 
 # Timed steps below: let the llama.cpp compile finish first (it takes every core).
@@ -812,6 +834,30 @@ if has hybridbench || has hybridbench1 || has hybridbench2; then
     if [ "${HYBRID_LOG:-0}" != 0 ] && ls /tmp/bench-tempo9-*.log >/dev/null 2>&1; then
         tar -C /tmp -czf "$out/server-logs.tar.gz" $(cd /tmp && ls bench-tempo9-*.log)
     fi
+fi
+
+if has vision32; then
+    say vision32
+    vt="$work/qwen3vl-tiny.gguf"; vp="$work/mmproj-qwen3vl-tiny.gguf"
+    python3 "$root/bench/vision/gpu_vs_cpu.py" --tempo9 "$T" --gguf "$vt" --mmproj "$vp" \
+        --config "cpu:--device cpu --vision-device cpu" \
+        --config "cuda:--device cuda --vision-device same" \
+        --config "cuda-lm-cpu-encoder:--device cuda --vision-device cpu" \
+        2>>"$out/run.log" | tee -a "$out/vision32-parity.jsonl"
+    lm="$work/qwen3-vl-30b-a3b-q4_k.gguf"; pj="$work/mmproj-qwen3-vl-30b-a3b-f16.gguf"
+    mtmd=()
+    if [ "${llama_rc:-1}" = 0 ] && [ -x "${LLAMA_BUILD_DIR:-/tmp/llama-build}/bin/llama-mtmd-cli" ]; then
+        mtmd=(--llama-mtmd-cli "${LLAMA_BUILD_DIR:-/tmp/llama-build}/bin/llama-mtmd-cli")
+    fi
+    python3 "$root/bench/vision/encode_while_decode.py" --tempo9 "$T" --gguf "$lm" --mmproj "$pj" \
+        --device cuda --streams 4 --image-every 1 --size "${VISION32_SIZE:-768x768}" \
+        --window-s "${VISION32_WINDOW:-15}" --reps "${VISION32_REPS:-1}" --log-dir "$work/vision32-logs" "${mtmd[@]}" \
+        --variant "inline:--vision-device same --vision-inline" \
+        --variant "stream:--vision-device same" \
+        --variant "text:--vision-device same" \
+        --variant "cpu:--vision-device cpu" \
+        2>>"$out/run.log" | tee -a "$out/vision32.jsonl"
+    tar -C "$work" -czf "$out/vision32-logs.tar.gz" vision32-logs
 fi
 
 if has pack; then

@@ -130,6 +130,11 @@ pub struct ServeArgs {
     /// other requests' decode steps. Encodes run on a thread of their own either way.
     #[arg(long, value_enum, value_name = "DEVICE", requires = "mmproj")]
     pub vision_device: Option<crate::device::VisionDevice>,
+    /// Encode images inside the engine's step, as llama.cpp does, instead of on
+    /// the encoder's own thread: every running request's decode then waits for
+    /// each encode. For measuring what the default saves.
+    #[arg(long, requires = "mmproj")]
+    pub vision_inline: bool,
 }
 
 fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
@@ -220,6 +225,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     engine_cfg.max_waiting = a.max_waiting.max(1);
     if let Some(path) = &a.mmproj {
         engine_cfg.vision = Some(load_vision(path, &a, &model)?);
+        engine_cfg.vision_inline = a.vision_inline;
     }
     let handle = Engine::start(model, tok, engine_cfg).context("starting the engine")?;
     let config = ServerConfig {

@@ -38,14 +38,29 @@ pub(crate) struct VisionWorker {
     arrived: Vec<Encoded>,
     in_flight: HashSet<PixelHash>,
     thread: Option<JoinHandle<()>>,
+    /// Encode on the engine's thread, inside the step that needs the image
+    /// ([`crate::EngineConfig::vision_inline`]).
+    inline: bool,
 }
 
 impl VisionWorker {
-    /// Starts the encoder thread.
-    pub fn start(model: &VisionModel) -> std::io::Result<VisionWorker> {
+    /// Starts the encoder thread (none when `inline`).
+    pub fn start(model: &VisionModel, inline: bool) -> std::io::Result<VisionWorker> {
+        let encoder = model.0.clone();
+        if inline {
+            let (_, done) = mpsc::channel();
+            return Ok(VisionWorker {
+                encoder,
+                jobs: None,
+                done,
+                arrived: Vec::new(),
+                in_flight: HashSet::new(),
+                thread: None,
+                inline,
+            });
+        }
         let (jobs, rx) = mpsc::channel::<Arc<Preprocessed>>();
         let (tx, done) = mpsc::channel();
-        let encoder = model.0.clone();
         let enc = encoder.clone();
         let thread = std::thread::Builder::new()
             .name("tempo9-vision".into())
@@ -64,6 +79,7 @@ impl VisionWorker {
             arrived: Vec::new(),
             in_flight: HashSet::new(),
             thread: Some(thread),
+            inline,
         })
     }
 
@@ -74,10 +90,20 @@ impl VisionWorker {
 
     /// `img`'s embeddings if the encoder has them cached; else queues its encode
     /// (once however many requests ask) and returns `None`: the result comes
-    /// through [`Self::take_done`].
+    /// through [`Self::take_done`]. Inline, encodes it here and now (a failure
+    /// also comes through [`Self::take_done`]).
     pub fn request(&mut self, img: &Arc<Preprocessed>) -> Option<Arc<ImageEmbeddings>> {
         if let Some(e) = self.encoder.cached(img.hash) {
             return Some(e);
+        }
+        if self.inline {
+            return match self.encoder.encode(img) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    self.arrived.push((img.hash, Err(e.to_string())));
+                    None
+                }
+            };
         }
         if self.in_flight.insert(img.hash) {
             let sent = self

@@ -246,6 +246,45 @@ fn decoding_goes_on_while_an_image_encodes() {
     assert_eq!(core.stats().images_encoded_total, 1);
 }
 
+/// `vision_inline` (encodes inside the step, as llama.cpp does) gives the same
+/// greedy tokens as encodes on the encoder's thread, and counts the encodes and
+/// their time: the running text request waits for each encode instead.
+#[test]
+fn inline_encodes_give_the_same_tokens() {
+    let Some((model, enc)) = setup() else { return };
+    let Some((_, enc_inline)) = setup() else { return };
+    let reqs = |enc: &VisionEncoder| {
+        let mut text = Request::new(vec![1, 2, 3, 4, 5], 12);
+        text.stop.eog = false;
+        vec![
+            text,
+            image_request(enc, &[1, 2], &pixels(64, 48, 0), &[3, 4], 12),
+            image_request(enc, &[1, 2], &pixels(40, 120, 1), &[3, 4], 12),
+        ]
+    };
+    let mut beside = engine(&model, Some(&enc));
+    let want = run_batch(&mut beside, reqs(&enc));
+    let mut inline = EngineCore::new(
+        model.clone(),
+        tokenizer(&model),
+        EngineConfig {
+            threads: 2,
+            kv_budget_bytes: Some(64 << 20),
+            vision: Some(VisionModel(enc_inline.clone())),
+            vision_inline: true,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let got = run_batch(&mut inline, reqs(&enc_inline));
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.tokens, g.tokens, "request {i}");
+    }
+    let s = inline.stats();
+    assert_eq!(s.images_encoded_total, 2);
+    assert!(s.image_encode_seconds_total > 0.0);
+}
+
 /// Text requests keep decoding while an image request is admitted with them,
 /// and both finish.
 #[test]

@@ -788,6 +788,12 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         "Images the vision encoder computed (a re-sent image found in its cache or the prefix cache is not encoded again).",
         s.images_encoded_total,
     );
+    metrics::counter_f64(
+        &mut out,
+        "tempo9_engine_image_encode_seconds_total",
+        "Seconds the vision encoder spent computing those images.",
+        s.image_encode_seconds_total,
+    );
     counter(
         &mut out,
         "tempo9_preemptions_total",

@@ -1,98 +1,165 @@
-//! `tempo9 synth-gguf --projector qwen3vl-tiny`: the tiny Qwen3-VL vision
-//! projector (`mmproj`, architecture `clip`, llama.cpp's converter layout, F32
-//! random weights) that the vision tests and llama.cpp's reference were
-//! recorded on, byte for byte as `crates/models/tests/vision.rs` and
+//! `tempo9 synth-gguf --projector`: Qwen3-VL vision projectors (`mmproj`,
+//! architecture `clip`, llama.cpp's converter layout, random weights).
+//!
+//! The tiny one (F32) is the file the vision tests and llama.cpp's reference
+//! were recorded on, byte for byte as `crates/models/tests/vision.rs` and
 //! `scripts/fixtures/vision_fixtures.py` write it (same keys in the same order,
-//! the same xorshift weights; its FNV-1a-64 is in the fixtures).
+//! the same xorshift weights; its FNV-1a-64 is in the fixtures). The
+//! published-shape one is for speed tests on a GPU.
 
-/// ViT width, heads, feed-forward, blocks, patch side, projection width,
-/// position grid side and deepstack layers of the tiny projector.
-const E: usize = 16;
-const HEADS: usize = 2;
-const FF: usize = 32;
-const LAYERS: usize = 3;
-const PATCH: usize = 4;
-const PROJ: usize = 128;
-const GRID: usize = 6;
-const DEEPSTACK: [usize; 2] = [0, 2];
+use tempo9_ggml::{quantize_rows, DType};
+
+/// A Qwen3-VL projector's shape (llama.cpp's `clip.vision.*` keys).
+pub struct ProjectorShape {
+    /// ViT width.
+    e: usize,
+    heads: usize,
+    /// ViT feed-forward width.
+    ff: usize,
+    layers: usize,
+    /// Patch side in pixels.
+    patch: usize,
+    /// Output width (the language model's `n_embd`).
+    proj: usize,
+    /// Side of the learned position grid.
+    grid: usize,
+    /// ViT blocks whose outputs feed the deepstack mergers.
+    deepstack: &'static [usize],
+    /// ggml type of the 2-D weight matrices (0 = F32, 1 = F16; the converter
+    /// writes F16 for a real projector).
+    matrix_type: u32,
+    /// Factor on the [-0.2, 0.2] random values (a deep ViT needs smaller
+    /// weights to keep finite activations).
+    scale: f32,
+}
+
+/// The tiny projector the vision tests and llama.cpp's reference were recorded
+/// on: ViT 16 wide × 3 blocks, 4-pixel patches, 128-wide output, deepstack 0, 2.
+pub const TINY: ProjectorShape = ProjectorShape {
+    e: 16,
+    heads: 2,
+    ff: 32,
+    layers: 3,
+    patch: 4,
+    proj: 128,
+    grid: 6,
+    deepstack: &[0, 2],
+    matrix_type: 0,
+    scale: 1.0,
+};
+
+/// Qwen3-VL-30B-A3B's vision tower (HF vision_config: depth 27, hidden 1152,
+/// 16 heads, intermediate 4304, patch 16, 2304 position embeddings,
+/// out_hidden 2048, deepstack_visual_indexes [8, 16, 24]), F16 matrices: a
+/// speed-test file with random weights.
+pub const QWEN3_VL_30B_A3B: ProjectorShape = ProjectorShape {
+    e: 1152,
+    heads: 16,
+    ff: 4304,
+    layers: 27,
+    patch: 16,
+    proj: 2048,
+    grid: 48,
+    deepstack: &[8, 16, 24],
+    matrix_type: 1,
+    scale: 0.1,
+};
+
 const SEED: u64 = 0x1234_5678_9abc_def1;
 
 /// The tiny projector's file bytes.
-pub fn tiny_qwen3vl() -> Vec<u8> {
+#[cfg(test)]
+fn tiny_qwen3vl() -> Vec<u8> {
+    let mut out = Vec::new();
+    write_qwen3vl(&TINY, &mut out).expect("writing to memory");
+    out
+}
+
+/// Writes a Qwen3-VL projector of shape `sh`.
+pub fn write_qwen3vl(sh: &ProjectorShape, out: &mut impl std::io::Write) -> std::io::Result<()> {
     let mut w = Writer::new("clip");
     w.string("clip.projector_type", "qwen3vl_merger");
     w.bool("clip.has_vision_encoder", true);
     w.bool("clip.use_gelu", true);
-    w.u32("clip.vision.embedding_length", E as u32);
-    w.u32("clip.vision.attention.head_count", HEADS as u32);
-    w.u32("clip.vision.feed_forward_length", FF as u32);
-    w.u32("clip.vision.block_count", LAYERS as u32);
-    w.u32("clip.vision.projection_dim", PROJ as u32);
-    w.u32("clip.vision.image_size", (GRID * PATCH) as u32);
-    w.u32("clip.vision.patch_size", PATCH as u32);
+    w.u32("clip.vision.embedding_length", sh.e as u32);
+    w.u32("clip.vision.attention.head_count", sh.heads as u32);
+    w.u32("clip.vision.feed_forward_length", sh.ff as u32);
+    w.u32("clip.vision.block_count", sh.layers as u32);
+    w.u32("clip.vision.projection_dim", sh.proj as u32);
+    w.u32("clip.vision.image_size", (sh.grid * sh.patch) as u32);
+    w.u32("clip.vision.patch_size", sh.patch as u32);
     w.u32("clip.vision.spatial_merge_size", 2);
     w.f32("clip.vision.attention.layer_norm_epsilon", 1e-6);
     w.f32_array("clip.vision.image_mean", &[0.5; 3]);
     w.f32_array("clip.vision.image_std", &[0.5; 3]);
     let mut seed = SEED;
-    for (name, shape) in tensor_shapes() {
-        w.tensor(&name, &shape, &mut seed);
+    for (name, shape) in tensor_shapes(sh) {
+        // Like the converter: matrices in the file's type, vectors and the
+        // patch convolutions' 4-D kernels as they are typed below.
+        let ty = if shape.len() == 2 && !name.contains("position_embd") {
+            sh.matrix_type
+        } else {
+            0
+        };
+        w.tensor(&name, &shape, &mut seed, ty, sh.scale);
     }
-    w.finish()
+    w.finish(out)
 }
 
-/// Every tensor of the tiny projector with its shape (innermost first).
-fn tensor_shapes() -> Vec<(String, Vec<usize>)> {
-    let e4 = 4 * E;
+/// Every tensor of a projector with its shape (innermost first).
+fn tensor_shapes(sh: &ProjectorShape) -> Vec<(String, Vec<usize>)> {
+    let (e, ff, patch, proj) = (sh.e, sh.ff, sh.patch, sh.proj);
+    let e4 = 4 * e;
     let mut t: Vec<(String, Vec<usize>)> = vec![
-        ("v.patch_embd.weight".into(), vec![PATCH, PATCH, 3, E]),
-        ("v.patch_embd.weight.1".into(), vec![PATCH, PATCH, 3, E]),
-        ("v.patch_embd.bias".into(), vec![E]),
-        ("v.position_embd.weight".into(), vec![E, GRID * GRID]),
-        ("v.post_ln.weight".into(), vec![E]),
-        ("v.post_ln.bias".into(), vec![E]),
+        ("v.patch_embd.weight".into(), vec![patch, patch, 3, e]),
+        ("v.patch_embd.weight.1".into(), vec![patch, patch, 3, e]),
+        ("v.patch_embd.bias".into(), vec![e]),
+        ("v.position_embd.weight".into(), vec![e, sh.grid * sh.grid]),
+        ("v.post_ln.weight".into(), vec![e]),
+        ("v.post_ln.bias".into(), vec![e]),
         ("mm.0.weight".into(), vec![e4, e4]),
         ("mm.0.bias".into(), vec![e4]),
-        ("mm.2.weight".into(), vec![e4, PROJ]),
-        ("mm.2.bias".into(), vec![PROJ]),
+        ("mm.2.weight".into(), vec![e4, proj]),
+        ("mm.2.bias".into(), vec![proj]),
     ];
-    for il in 0..LAYERS {
+    for il in 0..sh.layers {
         let b = |n: &str| format!("v.blk.{il}.{n}");
         t.extend([
-            (b("ln1.weight"), vec![E]),
-            (b("ln1.bias"), vec![E]),
-            (b("attn_qkv.weight"), vec![E, 3 * E]),
-            (b("attn_qkv.bias"), vec![3 * E]),
-            (b("attn_out.weight"), vec![E, E]),
-            (b("attn_out.bias"), vec![E]),
-            (b("ln2.weight"), vec![E]),
-            (b("ln2.bias"), vec![E]),
-            (b("ffn_up.weight"), vec![E, FF]),
-            (b("ffn_up.bias"), vec![FF]),
-            (b("ffn_down.weight"), vec![FF, E]),
-            (b("ffn_down.bias"), vec![E]),
+            (b("ln1.weight"), vec![e]),
+            (b("ln1.bias"), vec![e]),
+            (b("attn_qkv.weight"), vec![e, 3 * e]),
+            (b("attn_qkv.bias"), vec![3 * e]),
+            (b("attn_out.weight"), vec![e, e]),
+            (b("attn_out.bias"), vec![e]),
+            (b("ln2.weight"), vec![e]),
+            (b("ln2.bias"), vec![e]),
+            (b("ffn_up.weight"), vec![e, ff]),
+            (b("ffn_up.bias"), vec![ff]),
+            (b("ffn_down.weight"), vec![ff, e]),
+            (b("ffn_down.bias"), vec![e]),
         ]);
     }
-    for il in DEEPSTACK {
+    for &il in sh.deepstack {
         let d = |n: &str| format!("v.deepstack.{il}.{n}");
         t.extend([
             (d("norm.weight"), vec![e4]),
             (d("norm.bias"), vec![e4]),
             (d("fc1.weight"), vec![e4, e4]),
             (d("fc1.bias"), vec![e4]),
-            (d("fc2.weight"), vec![e4, PROJ]),
-            (d("fc2.bias"), vec![PROJ]),
+            (d("fc2.weight"), vec![e4, proj]),
+            (d("fc2.bias"), vec![proj]),
         ]);
     }
     t
 }
 
 /// The tests' minimal GGUF v3 writer (string, u32, f32, bool and f32-array
-/// keys; F32 tensors), kept byte-identical to theirs.
+/// keys; F32 and F16 tensors), kept byte-identical to theirs for the tiny file.
 struct Writer {
     kv: Vec<u8>,
     n_kv: u64,
-    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    /// Name, shape, ggml type (0 = F32, 1 = F16) and data.
+    tensors: Vec<(String, Vec<usize>, u32, Vec<u8>)>,
 }
 
 impl Writer {
@@ -143,46 +210,49 @@ impl Writer {
         }
     }
 
-    /// A tensor of xorshift64 values in [-0.2, 0.2].
-    fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64) {
+    /// A tensor of xorshift64 values in [-0.2, 0.2] × `scale`, stored as `ty`.
+    fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64, ty: u32, scale: f32) {
         let n: usize = shape.iter().product();
-        let data = (0..n)
+        let data: Vec<f32> = (0..n)
             .map(|_| {
                 *seed ^= *seed << 13;
                 *seed ^= *seed >> 7;
                 *seed ^= *seed << 17;
-                ((*seed % 2001) as f32 / 1000.0 - 1.0) * 0.2
+                ((*seed % 2001) as f32 / 1000.0 - 1.0) * 0.2 * scale
             })
             .collect();
-        self.tensors.push((name.into(), shape.to_vec(), data));
+        let bytes = match ty {
+            0 => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            _ => quantize_rows(DType::F16, &data, shape[0]).expect("F16 needs no blocks"),
+        };
+        self.tensors.push((name.into(), shape.to_vec(), ty, bytes));
     }
 
-    fn finish(self) -> Vec<u8> {
+    fn finish(self, w: &mut impl std::io::Write) -> std::io::Result<()> {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend((self.tensors.len() as u64).to_le_bytes());
         out.extend(self.n_kv.to_le_bytes());
         out.extend(&self.kv);
         let mut offset = 0u64;
-        for (name, shape, data) in &self.tensors {
+        for (name, shape, ty, data) in &self.tensors {
             out.extend((name.len() as u64).to_le_bytes());
             out.extend(name.as_bytes());
             out.extend((shape.len() as u32).to_le_bytes());
             for &d in shape {
                 out.extend((d as u64).to_le_bytes());
             }
-            out.extend(0u32.to_le_bytes()); // F32
+            out.extend(ty.to_le_bytes());
             out.extend(offset.to_le_bytes());
-            offset += (data.len() as u64 * 4).div_ceil(32) * 32;
+            offset += (data.len() as u64).div_ceil(32) * 32;
         }
         pad32(&mut out);
-        for (_, _, data) in &self.tensors {
-            for x in data {
-                out.extend(x.to_le_bytes());
-            }
-            pad32(&mut out);
+        w.write_all(&out)?;
+        for (_, _, _, data) in &self.tensors {
+            w.write_all(data)?;
+            w.write_all(&[0; 32][..data.len().next_multiple_of(32) - data.len()])?;
         }
-        out
+        Ok(())
     }
 }
 

@@ -78,7 +78,8 @@ pub struct SynthArgs {
     /// Write this vision projector (`mmproj` file, for `serve --mmproj`) instead
     /// of a language model; the other options are ignored. `qwen3vl-tiny`: the
     /// tiny Qwen3-VL projector of the vision tests, for the qwen3vl-tiny and
-    /// qwen3vlmoe-tiny presets.
+    /// qwen3vlmoe-tiny presets; `qwen3-vl-30b-a3b`: the published vision tower,
+    /// for the preset of that name.
     #[arg(long, value_enum, value_name = "NAME")]
     projector: Option<ProjectorPreset>,
 }
@@ -89,6 +90,11 @@ enum ProjectorPreset {
     /// Qwen3-VL merger, ViT of 16 wide × 3 blocks, 4-pixel patches, 128-wide output
     /// with 2 deepstack features.
     Qwen3vlTiny,
+    /// Qwen3-VL-30B-A3B's vision tower (27 blocks of 1152, 16-pixel patches,
+    /// 2048-wide output, 3 deepstack features), F16, random weights: for speed
+    /// tests with the `qwen3-vl-30b-a3b` language model.
+    #[value(name = "qwen3-vl-30b-a3b")]
+    Qwen3vl30bA3b,
 }
 
 struct Planned {
@@ -174,9 +180,17 @@ const CHUNK_VALUES: u64 = 1 << 20;
 
 /// Runs `tempo9 synth-gguf`.
 pub fn run(a: SynthArgs) -> Result<()> {
-    if let Some(ProjectorPreset::Qwen3vlTiny) = a.projector {
-        return std::fs::write(&a.out, mmproj::tiny_qwen3vl())
-            .with_context(|| format!("writing {}", a.out.display()));
+    if let Some(p) = a.projector {
+        let shape = match p {
+            ProjectorPreset::Qwen3vlTiny => &mmproj::TINY,
+            ProjectorPreset::Qwen3vl30bA3b => &mmproj::QWEN3_VL_30B_A3B,
+        };
+        let write = || -> std::io::Result<()> {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&a.out)?);
+            mmproj::write_qwen3vl(shape, &mut f)?;
+            std::io::Write::flush(&mut f)
+        };
+        return write().with_context(|| format!("writing {}", a.out.display()));
     }
     let quant =
         DType::from_name(&a.quant).with_context(|| format!("unknown ggml type '{}'", a.quant))?;

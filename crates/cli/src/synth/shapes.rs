@@ -201,6 +201,11 @@ pub enum Preset {
     /// Test shape, qwen3vlmoe: qwen3vl-tiny with 8 experts of 64, 2 used.
     #[value(name = "qwen3vlmoe-tiny")]
     Qwen3vlmoeTiny,
+    /// Qwen3-VL-30B-A3B's language model (qwen3vlmoe): Qwen3-30B-A3B's shape
+    /// with rope base 5e6 and 3 deepstack inputs; pair it with
+    /// `--projector qwen3-vl-30b-a3b`.
+    #[value(name = "qwen3-vl-30b-a3b")]
+    Qwen3vl30bA3b,
     /// Test shape, qwen35: 128 wide, 8 layers (full attention at 3 and 7), 4/2
     /// heads of 64, DeltaNet 2 K heads and 4 V heads of 32.
     #[value(name = "qwen35-tiny")]
@@ -379,6 +384,9 @@ pub struct Shape {
     pub explicit_head_dim: bool,
     /// Gemma 4's layout.
     pub gemma4: Option<Gemma4>,
+    /// Deepstack inputs of a Qwen3-VL language model (`n_deepstack_layers`):
+    /// the deepstack features of the projector it pairs with.
+    pub n_deepstack: u64,
 }
 
 impl Preset {
@@ -396,7 +404,7 @@ impl Preset {
             Qwen3_0_6b | Qwen3Tiny => Some(SynthArch::Qwen3),
             Qwen3_30bA3b | Qwen3moeTiny => Some(SynthArch::Qwen3moe),
             Qwen3vlTiny => Some(SynthArch::Qwen3vl),
-            Qwen3vlmoeTiny => Some(SynthArch::Qwen3vlmoe),
+            Qwen3vlmoeTiny | Qwen3vl30bA3b => Some(SynthArch::Qwen3vlmoe),
             Qwen35_0_8b | Qwen35_2b | Qwen35_4b | Qwen35_9b | Qwen35_27b | Qwen35Tiny => {
                 Some(SynthArch::Qwen35)
             }
@@ -427,6 +435,7 @@ impl Preset {
             swa_window: None,
             explicit_head_dim: false,
             gemma4: None,
+            n_deepstack: 0,
         };
         // Qwen3 (HF config.json): rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
         let qwen3 = |n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab| Shape {
@@ -448,6 +457,7 @@ impl Preset {
             swa_window: None,
             explicit_head_dim: true,
             gemma4: None,
+            n_deepstack: 0,
         };
         // Qwen3.5: rope_theta 1e7, partial_rotary_factor 0.25, 262144 positions,
         // conv kernel 4, a full-attention layer every 4.
@@ -470,6 +480,7 @@ impl Preset {
             swa_window: None,
             explicit_head_dim: true,
             gemma4: None,
+            n_deepstack: 0,
         };
         let gdn = |d_state, n_k_heads, n_v_heads| Gdn {
             d_conv: 4,
@@ -506,6 +517,7 @@ impl Preset {
             swa_window: Some(128),
             explicit_head_dim: true,
             gemma4: None,
+            n_deepstack: 0,
             ..plain(n_embd, n_layer, n_head, n_head_kv, 0, 201_088, 150_000.0)
         };
         // Gemma 4 (HF text_config): rms_norm_eps 1e-6, rope 1e6 on full layers
@@ -537,6 +549,7 @@ impl Preset {
             rope_scaling: None,
             swa_window: Some(window),
             explicit_head_dim: true,
+            n_deepstack: 0,
             gemma4: Some(Gemma4 {
                 head_dim_full: hd_full,
                 n_head_kv_full: kv_full,
@@ -696,13 +709,24 @@ impl Preset {
             Qwen3vlTiny => Shape {
                 rope_base: 5e6,
                 n_ctx: 262_144,
+                n_deepstack: 2,
                 ..qwen3(128, 4, 4, 2, 64, 384, 151_936)
             },
             Qwen3vlmoeTiny => Shape {
                 rope_base: 5e6,
                 n_ctx: 262_144,
+                n_deepstack: 2,
                 moe: moe(8, 2, 64, None),
                 ..qwen3(128, 4, 4, 2, 64, 384, 151_936)
+            },
+            // HF Qwen3-VL-30B-A3B text_config: Qwen3-30B-A3B's layers, rope_theta
+            // 5e6, 262144 positions; vision_config deepstack_visual_indexes [8, 16, 24].
+            Qwen3vl30bA3b => Shape {
+                rope_base: 5e6,
+                n_ctx: 262_144,
+                n_deepstack: 3,
+                moe: moe(128, 8, 768, None),
+                ..qwen3(2048, 48, 32, 4, 128, 6144, 151_936)
             },
             Qwen3moeTiny => Shape {
                 moe: moe(8, 2, 64, None),

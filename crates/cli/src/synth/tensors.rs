@@ -78,7 +78,7 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
                 &k("rope.dimension_sections"),
                 Value::Array(ArrayValue::I32(sections)),
             )
-            .set(&k("n_deepstack_layers"), u(QWEN3VL_DEEPSTACK));
+            .set(&k("n_deepstack_layers"), u(sh.n_deepstack));
         }
         SynthArch::Qwen35 | SynthArch::Qwen35moe => {
             // Text positions are equal in all sections, so only their sum (the
@@ -151,10 +151,6 @@ pub fn metadata(sh: &Shape, mtp: bool, n_vocab: u64, w: &mut GgufWriter) {
         .set(&k("attention.temperature_scale"), Value::F32(y.temp_scale));
     }
 }
-
-/// Deepstack inputs of a synthetic qwen3vl model: the deepstack layers of the
-/// tiny projector the vision tests pair it with (scripts/fixtures/vision_fixtures.py).
-const QWEN3VL_DEEPSTACK: u64 = 2;
 
 /// Splits `half` rotated pairs into the 3 used M-RoPE sections like Qwen3.5's
 /// [11, 11, 10, 0] (= 32): as equal as possible, the remainder on the first ones.

@@ -151,6 +151,10 @@ pub struct EngineConfig {
     /// requests with images are refused. It runs on a thread of its own, beside the
     /// steps, on the device it was loaded on.
     pub vision: Option<VisionModel>,
+    /// Encode images on the engine's thread, inside the step that needs them, as
+    /// llama.cpp does: every running request's decode waits for the encode. Off
+    /// by default (encodes run beside the steps); for comparisons.
+    pub vision_inline: bool,
 }
 
 impl Default for EngineConfig {
@@ -176,6 +180,7 @@ impl Default for EngineConfig {
             speculation: None,
             draft_model: None,
             vision: None,
+            vision_inline: false,
         }
     }
 }
@@ -395,6 +400,8 @@ pub struct EngineStats {
     /// Images the vision encoder computed (an image found in its cache, or in the
     /// prefix cache, is not encoded again).
     pub images_encoded_total: u64,
+    /// Seconds the vision encoder spent on those encodes.
+    pub image_encode_seconds_total: f64,
 }
 
 /// Where a request is in the engine.
@@ -905,7 +912,7 @@ impl EngineCore {
                 let p = v.0.projector();
                 p.check_language_model(hp.arch.name(), hp.n_embd, hp.n_deepstack)
                     .map_err(|e| EngineError::Config(e.to_string()))?;
-                let w = VisionWorker::start(v).map_err(|e| {
+                let w = VisionWorker::start(v, config.vision_inline).map_err(|e| {
                     EngineError::Config(format!("cannot start the vision encoder thread: {e}"))
                 })?;
                 Some(w)
@@ -1044,6 +1051,10 @@ impl EngineCore {
             evicted_pages: p.evicted_pages,
             loading: self.loading.len(),
             images_encoded_total: self.vision.as_ref().map_or(0, |v| v.encoder().encodes()),
+            image_encode_seconds_total: self
+                .vision
+                .as_ref()
+                .map_or(0.0, |v| v.encoder().encode_seconds()),
             ssd: self.ssd.as_ref().map(SsdTier::stats).unwrap_or_default(),
             ..self.stats
         }

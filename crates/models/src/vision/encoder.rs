@@ -50,6 +50,8 @@ pub struct VisionEncoder {
     cache: Mutex<VecDeque<Arc<ImageEmbeddings>>>,
     /// Images computed (cache hits not counted).
     encodes: AtomicU64,
+    /// Wall time of those encodes, in nanoseconds.
+    encode_nanos: AtomicU64,
 }
 
 impl VisionEncoder {
@@ -89,6 +91,7 @@ impl VisionEncoder {
             sched: Mutex::new(sched),
             cache: Mutex::new(VecDeque::new()),
             encodes: AtomicU64::new(0),
+            encode_nanos: AtomicU64::new(0),
         })
     }
 
@@ -103,6 +106,12 @@ impl VisionEncoder {
         self.encodes.load(Ordering::Relaxed)
     }
 
+    /// Seconds spent computing those encodes (wall time of [`Self::encode`]
+    /// calls that were not cache hits).
+    pub fn encode_seconds(&self) -> f64 {
+        self.encode_nanos.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
     /// The cached embeddings of the image with `hash`, if it was encoded lately.
     pub fn cached(&self, hash: PixelHash) -> Option<Arc<ImageEmbeddings>> {
         let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -115,7 +124,10 @@ impl VisionEncoder {
         if let Some(e) = self.cached(img.hash) {
             return Ok(e);
         }
+        let t0 = std::time::Instant::now();
         let out = Arc::new(self.compute(img)?);
+        let nanos = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.encode_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.encodes.fetch_add(1, Ordering::Relaxed);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.push_back(out.clone());
