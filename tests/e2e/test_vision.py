@@ -1,6 +1,7 @@
 """Images through the three APIs with their official clients, on the synthetic
 Qwen3-VL model (qwen3vl-tiny) served with the tiny projector (`--mmproj`; both
-written by scripts/synth-models.py): OpenAI `image_url` data URLs, Anthropic
+written by scripts/synth-models.py): OpenAI `image_url` data URLs (chat) and
+`input_image` parts (Responses), Anthropic
 `image` blocks, Ollama `images` (chat and generate); an agent re-sending the same
 image for three turns has it encoded once and its tokens reported as cached on
 turns 2 and 3; bad images, remote URLs and images for a model without a
@@ -84,6 +85,28 @@ def test_openai_image_url(vl):
     # newline that joins the parts).
     assert r.usage.prompt_tokens - plain.usage.prompt_tokens >= 48 + 2
     assert encoded(vl) == before + 1
+
+
+def test_openai_responses_input_image(vl):
+    """Responses `input_image` parts (data URLs) take the chat path's image route:
+    the same greedy answer and prompt size as chat with the same image, which
+    the encoder then has cached; an image by file_id is a 400."""
+    c = oai(vl)
+    data = image_png(salt=7)
+    chat = c.chat.completions.create(model=vl.name, max_tokens=8, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Describe it."},
+                                     {"type": "image_url", "image_url": {"url": data_url(data)}}]}])
+    before = encoded(vl)
+    r = c.responses.create(model=vl.name, max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Describe it."},
+                                     {"type": "input_image", "image_url": data_url(data), "detail": "auto"}]}])
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert encoded(vl) == before
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model=vl.name, max_output_tokens=4, input=[
+            {"role": "user", "content": [{"type": "input_image", "file_id": "file-abc"}]}])
+    assert "file_id" in str(e.value)
 
 
 def test_anthropic_image_block(vl):

@@ -40,6 +40,43 @@ fn part_text(c: &Value) -> String {
     }
 }
 
+/// A message's content: its text, or, when it holds `input_image` parts, chat
+/// content parts (text and `image_url`) in order, which the chat path renders
+/// with the images (`crate::vision`).
+fn content(c: &Value, i: usize) -> Result<Value, ApiError> {
+    let parts = match c.as_array() {
+        Some(p) if p.iter().any(|p| p["type"] == "input_image") => p,
+        _ => return Ok(json!(part_text(c))),
+    };
+    let mut out = Vec::new();
+    for p in parts {
+        match p["type"].as_str() {
+            Some("input_text" | "output_text" | "text") => {
+                if let Some(t) = p["text"].as_str() {
+                    out.push(json!({"type": "text", "text": t}));
+                }
+            }
+            // `image_url` is a string here (a data URL); `file_id` needs file
+            // storage, which this stateless server does not have.
+            Some("input_image") => match p["image_url"].as_str() {
+                Some(url) => out.push(crate::vision::image_part(url.to_string())),
+                None => {
+                    return Err(ApiError::bad_param(
+                        F,
+                        "input",
+                        format!(
+                            "input[{i}]: an input_image needs image_url (a data URL); \
+                             file_id is not supported"
+                        ),
+                    ))
+                }
+            },
+            _ => {}
+        }
+    }
+    Ok(Value::Array(out))
+}
+
 /// `instructions` + `input` → OpenAI chat messages.
 pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
@@ -65,7 +102,7 @@ pub fn to_messages(v: &Value) -> Result<Vec<Value>, ApiError> {
                                 ),
                             ));
                         }
-                        let mut m = json!({"role": role, "content": part_text(&it["content"])});
+                        let mut m = json!({"role": role, "content": content(&it["content"], i)?});
                         if role == "assistant" {
                             if let Some(r) = reasoning.take() {
                                 m["reasoning_content"] = json!(r);
@@ -567,6 +604,23 @@ mod tests {
         assert_eq!(m.len(), 5);
         assert!(to_messages(&json!({"input": [{"type": "computer_call"}]})).is_err());
         assert!(to_messages(&json!({})).is_err());
+    }
+
+    #[test]
+    fn input_images_become_image_url_parts() {
+        let v = json!({"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "What is this?"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}]}]});
+        let m = to_messages(&v).unwrap();
+        assert_eq!(
+            m[0]["content"],
+            json!([{"type": "text", "text": "What is this?"},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])
+        );
+        let by_file = json!({"input": [{"role": "user", "content": [
+            {"type": "input_image", "file_id": "file-1"}]}]});
+        let e = to_messages(&by_file).unwrap_err();
+        assert!(format!("{e:?}").contains("file_id"), "{e:?}");
     }
 
     #[test]
