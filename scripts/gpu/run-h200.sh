@@ -94,7 +94,9 @@
 #           against llama-batched-bench; and the tiny gpt-oss/gemma4/gemma4moe/llama3/
 #           mistral3 files' greedy tokens on CUDA against the CPU (check-device) and
 #           against llama.cpp's own CPU and CUDA runs (llama-greedy), as `qwen` does;
-#           ARCH30_SHAPES / ARCH30_TINY: which big shapes / tiny presets (space-separated)
+#           ARCH30_SHAPES / ARCH30_TINY: which big shapes / tiny presets (space-separated);
+#           ARCH30_SINGLE=0 skips the single-stream pairs, ARCH30_STREAMS (default 1,8,32)
+#           and ARCH30_STREAM_REPS (alternated Tempo9 / llama-batched-bench pairs, default 1)
 #   vision32  issue 32 on the GPU: the tiny Qwen3-VL pair's greedy answers about 5 images
 #           with encoder and model on CUDA against both on the CPU (bench/vision/gpu_vs_cpu.py);
 #           then the Qwen3-VL-30B-A3B shape (Q4_K language model, F16 projector, both
@@ -733,19 +735,22 @@ if has arch30; then
         $T synth-gguf --preset $m --unique-mib 4 --out "$f.part" 2>>"$out/run.log" && mv "$f.part" "$f" \
             || { echo "synth-gguf $m failed"; continue; }
         echo "wrote $m ($(du -h "$f" | cut -f1)) in $((SECONDS - t0)) s" | tee -a "$out/run.log"
-        for rep in 1 2; do
+        for rep in $([ "${ARCH30_SINGLE:-1}" = 1 ] && echo 1 2); do
             $T bench --gguf "$f" --device cuda --pp 512 --tg 256 --reps 1 2>>"$out/run.log" \
                 | sed "s/^{/{\"model\":\"$m\",\"rep\":$rep,/" | tee -a "$out/results.jsonl"
             [ "${llama_rc:-1}" = 0 ] && bash "$root/scripts/gpu/llama-bench.sh" run "$f" -p 512 -n 256 -fa 1 -r 1 \
                 -o jsonl 2>>"$out/run.log" | sed "s/^{/{\"model\":\"$m\",\"rep\":$rep,/" | tee -a "$out/llama-bench.jsonl"
         done
-        $T bench --gguf "$f" --device cuda --streams 1,8,32 --stream-prompt 128 --tg 128 2>>"$out/run.log" \
-            | sed "s/^{/{\"model\":\"$m\",/" | tee -a "$out/results.jsonl"
-        if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
-            LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$f" -c 20480 \
-                -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32 -fa 1 --output-format jsonl 2>>"$out/run.log" \
-                | grep '^{' | sed "s/^{/{\"model\":\"$m\",/" | tee -a "$out/llama-batched.jsonl"
-        fi
+        npl=${ARCH30_STREAMS:-1,8,32}
+        for rep in $(seq 1 "${ARCH30_STREAM_REPS:-1}"); do
+            $T bench --gguf "$f" --device cuda --streams "$npl" --stream-prompt 128 --tg 128 2>>"$out/run.log" \
+                | sed "s/^{/{\"model\":\"$m\",\"rep\":$rep,/" | tee -a "$out/results.jsonl"
+            if [ "${llama_rc:-1}" = 0 ] && [ -x /tmp/llama-build/bin/llama-batched-bench ]; then
+                LD_LIBRARY_PATH=/tmp/llama-build/bin /tmp/llama-build/bin/llama-batched-bench -m "$f" -c 20480 \
+                    -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$npl" -fa 1 --output-format jsonl 2>>"$out/run.log" \
+                    | grep '^{' | sed "s/^{/{\"model\":\"$m\",\"rep\":$rep,/" | tee -a "$out/llama-batched.jsonl"
+            fi
+        done
         rm -f "$f"
     done
     lg=$(llama_greedy_tool)

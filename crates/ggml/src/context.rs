@@ -180,6 +180,27 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_get_rows(c, a.raw(), idx.raw()) })
     }
 
+    /// Rows of the F16 tensor `a` selected by the I32 index vector `idx`, kept F16
+    /// (half the bytes of [`Context::get_rows`], and no cast back). ggml's API types
+    /// every get_rows result F32 and its CPU kernel always writes F32, but its CUDA
+    /// kernel writes the result's type: use this only where the op runs on a GPU
+    /// backend (`a` in GPU memory).
+    pub fn get_rows_f16_on_gpu<'a>(&'a self, a: Tensor<'a>, idx: Tensor<'a>) -> Tensor<'a> {
+        assert!(a.dtype() == DType::F16 && idx.dtype() == DType::I32);
+        let t = self.get_rows(a, idx);
+        // SAFETY: `t` is a fresh, unallocated result (no data, no views of it yet):
+        // retyping it only changes the element size and the strides derived from it.
+        unsafe {
+            let r = &mut *t.raw();
+            r.type_ = DType::F16.0 as _;
+            r.nb[0] = 2;
+            for d in 1..4 {
+                r.nb[d] = r.nb[d - 1] * r.ne[d - 1] as usize;
+            }
+        }
+        t
+    }
+
     /// Writes the rows of `b` into `a` at the row indices `idx`; returns a view of `a`
     /// that depends on the write (read the updated `a` through it).
     pub fn set_rows<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, idx: Tensor<'a>) -> Tensor<'a> {

@@ -26,6 +26,19 @@
 //! On a GPU (whose numbers are compared to a tolerance, not bit for bit) decode
 //! rows share strided ops at any window length; its kernels compute masked cells
 //! too, which the same bound on the mask scan keeps small.
+//!
+//! Decode rows whose windows are not on one grid (a sliding group's pages are
+//! handed out as its sequences advance, so windows start anywhere and may not
+//! ascend) would each need an op of their own, plus the copies joining their
+//! window's pages and the concats joining their outputs: at 32 streams of a model
+//! with sliding layers that is hundreds of small kernels per step, and a graph
+//! rebuilt every step (the cells are part of its shape). Such a run of decode rows
+//! instead shares one *gathered* op when their windows are short
+//! ([`GATHER_MAX_CELLS`]): each row's window cells are gathered, in window order,
+//! into a region of its own of a scratch tensor (padded with masked cells), which
+//! the op reads as a strided view. A row visits the same cells in the same order
+//! as in its own op, the cells are an input (not the graph's shape), and the
+//! gather costs one copy of the windows per layer.
 
 use std::borrow::Cow;
 
@@ -64,6 +77,14 @@ const GROUP_SCAN_FACTOR: usize = 2;
 /// See [`GROUP_SCAN_FACTOR`].
 const GROUP_SLACK_CELLS: usize = 4096;
 
+/// Most cells (regions × width) a gathered op copies per layer for K and for V.
+const GATHER_MAX_CELLS: usize = 1 << 16;
+
+/// A gathered op's region width is rounded up to a multiple of this many cells:
+/// finer than [`WIDTH_GRANULE`], since padding cells are copied too (a graph is
+/// rebuilt when the longest window crosses a multiple).
+const GATHER_GRANULE: usize = 64;
+
 /// A strided op's region width is rounded up to a multiple of this many cells
 /// (where the pool has room), so that decoding steps keep the same graph shape
 /// for this many tokens and reuse the graph; the extra cells are masked.
@@ -86,8 +107,13 @@ pub(crate) struct AttnOp<'b> {
     pub mask: Cow<'b, [u16]>,
     /// The sliding-window mask, same shape.
     pub mask_swa: Option<Cow<'b, [u16]>>,
-    /// Set when decode rows share one op over equally spaced regions of the pool.
+    /// Set when decode rows share one op over equally spaced regions of the pool,
+    /// or of the gathered cells.
     pub strided: Option<Strided>,
+    /// For a gathered op: the pool cell of each of its `regions × width` slots
+    /// (region `j` holds row `j`'s window in window order, then padding), which
+    /// the op reads as regions of stride `width` from slot 0.
+    pub gather: Option<Vec<i32>>,
     /// Run as matmuls and a softmax instead of flash attention (see
     /// [`MATMUL_DECODE_ABOVE`]).
     pub matmul: bool,
@@ -175,30 +201,40 @@ fn gcd(a: usize, b: usize) -> usize {
 /// share an op (see the module docs). Groups are planned independently: each
 /// sequence's numbers in a group depend only on its own view there.
 pub(crate) fn plan(batch: &StepBatch, cg: usize, n_cells: usize, cpu: bool) -> Vec<AttnOp<'_>> {
+    plan_with(batch, cg, n_cells, cpu, true)
+}
+
+/// [`plan`], with gathered ops allowed or not (`gather`; the tests of the
+/// strided grouping rules turn them off).
+fn plan_with(
+    batch: &StepBatch,
+    cg: usize,
+    n_cells: usize,
+    cpu: bool,
+    gather: bool,
+) -> Vec<AttnOp<'_>> {
     let mut ops = Vec::with_capacity(batch.seqs.len());
-    let mut group: Vec<Member> = Vec::new();
-    let pl = Planner { batch, cg, n_cells };
+    let pl = Planner {
+        batch,
+        cg,
+        n_cells,
+        gather,
+    };
+    // Consecutive decode rows that may share an op, planned together.
+    let mut run: Vec<usize> = Vec::new();
     for (i, s) in batch.seqs.iter().enumerate() {
         let view = &s.views[cg];
         let decode = s.n_rows == 1 && !s.tiled_prompt;
         let matmul = cpu && decode && !batch.flash_decode && matmul_decode(view);
-        let segs = if decode && (!cpu || (view.n_kv() < FA_SPLIT_KV_MIN && !matmul)) {
-            ascending_visible(&view.window, &view.mask)
-        } else {
-            None
-        };
-        let Some(segs) = segs else {
-            pl.flush(&mut group, &mut ops);
-            ops.push(pl.own_op(i, cpu, matmul));
+        if decode && (!cpu || (view.n_kv() < FA_SPLIT_KV_MIN && !matmul)) {
+            run.push(i);
             continue;
-        };
-        let m = Member { seq: i, segs };
-        if !group.is_empty() && !fits(&group, &m, n_cells) {
-            pl.flush(&mut group, &mut ops);
         }
-        group.push(m);
+        pl.decode_run(&run, &mut ops);
+        run.clear();
+        ops.push(pl.own_op(i, cpu, matmul));
     }
-    pl.flush(&mut group, &mut ops);
+    pl.decode_run(&run, &mut ops);
     ops
 }
 
@@ -209,6 +245,8 @@ struct Planner<'b> {
     cg: usize,
     /// Cells of its pool.
     n_cells: usize,
+    /// Whether decode rows may share a gathered op.
+    gather: bool,
 }
 
 /// Whether `m` may join `group`: its window starts elsewhere than every member's
@@ -235,6 +273,93 @@ fn matmul_decode(view: &KvView) -> bool {
 }
 
 impl<'b> Planner<'b> {
+    /// The ops of consecutive decode rows `run`: strided groups of rows whose
+    /// windows ascend on a common grid, own ops for the others, or one gathered op
+    /// for them all when that would take more than one op and their windows fit
+    /// [`GATHER_MAX_CELLS`].
+    fn decode_run(&self, run: &[usize], ops: &mut Vec<AttnOp<'b>>) {
+        let mut planned = Vec::new();
+        let mut group: Vec<Member> = Vec::new();
+        for &i in run {
+            let view = &self.batch.seqs[i].views[self.cg];
+            let Some(segs) = ascending_visible(&view.window, &view.mask) else {
+                self.flush(&mut group, &mut planned);
+                planned.push(self.own_op(i, false, false));
+                continue;
+            };
+            let m = Member { seq: i, segs };
+            if !group.is_empty() && !fits(&group, &m, self.n_cells) {
+                self.flush(&mut group, &mut planned);
+            }
+            group.push(m);
+        }
+        self.flush(&mut group, &mut planned);
+        if self.gather && planned.len() > 1 {
+            if let Some(op) = self.gathered_op(run) {
+                ops.push(op);
+                return;
+            }
+        }
+        ops.extend(planned);
+    }
+
+    /// Decode rows `run` (consecutive in the batch) in one op over their windows
+    /// gathered into regions of [`GATHER_GRANULE`]-rounded width; `None` when that
+    /// is over [`GATHER_MAX_CELLS`].
+    fn gathered_op(&self, run: &[usize]) -> Option<AttnOp<'b>> {
+        let view = |i: usize| &self.batch.seqs[i].views[self.cg];
+        let width = run
+            .iter()
+            .map(|&i| view(i).n_kv())
+            .max()?
+            .next_multiple_of(GATHER_GRANULE);
+        if width * run.len() > GATHER_MAX_CELLS {
+            return None;
+        }
+        let swa = view(run[0]).mask_swa.is_some();
+        let mut gather = Vec::with_capacity(width * run.len());
+        let mut mask = vec![NEG_INF_F16; width * run.len()];
+        let mut mask_swa = swa.then(|| vec![NEG_INF_F16; width * run.len()]);
+        for (j, &i) in run.iter().enumerate() {
+            let v = view(i);
+            let at = j * width;
+            gather.extend(
+                v.window
+                    .iter()
+                    .flat_map(|r| r.start as i32..(r.start + r.len) as i32),
+            );
+            // Padding reads a cell of the window, masked.
+            let pad = v.window.first().map_or(0, |r| r.start as i32);
+            gather.resize(at + width, pad);
+            mask[at..at + v.n_kv()].copy_from_slice(&v.mask);
+            if let (Some(dst), Some(src)) = (mask_swa.as_mut(), v.mask_swa.as_ref()) {
+                dst[at..at + v.n_kv()].copy_from_slice(src);
+            }
+        }
+        let first = &self.batch.seqs[run[0]];
+        Some(AttnOp {
+            row_start: first.row_start,
+            n_rows: run.len(),
+            fa_rows: run.len(),
+            runs: vec![CellRun {
+                start: 0,
+                len: width,
+            }],
+            mask: Cow::Owned(mask),
+            mask_swa: mask_swa.map(Cow::Owned),
+            strided: Some(Strided {
+                stride: width,
+                q_rows: run
+                    .iter()
+                    .map(|&i| self.batch.seqs[i].row_start as i32)
+                    .collect(),
+                regions: (0..run.len() as i32).collect(),
+            }),
+            gather: Some(gather),
+            matmul: false,
+        })
+    }
+
     /// Emits the pending group: one strided op, or the lone row's own op.
     fn flush(&self, group: &mut Vec<Member>, ops: &mut Vec<AttnOp<'b>>) {
         match group.len() {
@@ -287,6 +412,7 @@ impl<'b> Planner<'b> {
             mask,
             mask_swa,
             strided: None,
+            gather: None,
             matmul,
         }
     }
@@ -339,6 +465,7 @@ impl<'b> Planner<'b> {
                 q_rows,
                 regions,
             }),
+            gather: None,
             matmul: false,
         }
     }
@@ -369,9 +496,10 @@ mod tests {
     use super::*;
     use crate::{MaskBuilder, SeqSpan};
 
-    /// The plan of the single cache group of these tests.
+    /// The plan of the single cache group of these tests, without gathered ops
+    /// (the strided grouping rules).
     fn plan(b: &StepBatch, n_cells: usize, cpu: bool) -> Vec<AttnOp<'_>> {
-        super::plan(b, 0, n_cells, cpu)
+        super::plan_with(b, 0, n_cells, cpu, false)
     }
 
     fn decode(row: usize, runs: &[(usize, usize)], pos: i32) -> SeqSpan {
@@ -458,6 +586,71 @@ mod tests {
             assert_eq!(&row[..4], &g.mask[region * 4..region * 4 + 4]);
             assert!(row[4..].iter().all(|&m| m == NEG_INF_F16));
         }
+    }
+
+    /// Decode rows that would take more than one op (here a strided group and a
+    /// row whose window does not ascend) share one gathered op: each region is its
+    /// row's window cells in window order, padded to the gather granule with a masked
+    /// cell of the window; the graph's shape does not depend on the cells.
+    #[test]
+    fn decode_rows_off_one_grid_share_a_gathered_op() {
+        let b = batch(vec![
+            decode(0, &[(64, 16)], 2),
+            decode(1, &[(0, 16)], 3),
+            decode(2, &[(192, 16)], 0),
+            decode(3, &[(8, 4), (4, 4)], 4),
+        ]);
+        assert_eq!(plan(&b, 512, true).len(), 2);
+        for cpu in [true, false] {
+            let ops = super::plan(&b, 0, 512, cpu);
+            assert_eq!(ops.len(), 1);
+            let op = &ops[0];
+            assert_eq!((op.row_start, op.n_rows), (0, 4));
+            assert_eq!(
+                op.runs,
+                vec![CellRun {
+                    start: 0,
+                    len: GATHER_GRANULE
+                }]
+            );
+            let st = op
+                .strided
+                .as_ref()
+                .expect("strided over the gathered cells");
+            assert_eq!(st.stride, GATHER_GRANULE);
+            assert_eq!(st.q_rows, vec![0, 1, 2, 3]);
+            assert_eq!(st.regions, vec![0, 1, 2, 3]);
+            let cells = op.gather.as_ref().expect("gathered");
+            assert_eq!(cells.len(), 4 * GATHER_GRANULE);
+            let region = |j: usize| &cells[j * GATHER_GRANULE..(j + 1) * GATHER_GRANULE];
+            assert_eq!(&region(0)[..16], (64..80).collect::<Vec<i32>>());
+            assert!(region(0)[16..].iter().all(|&c| c == 64));
+            assert_eq!(&region(3)[..8], &[8, 9, 10, 11, 4, 5, 6, 7]);
+            assert!(region(3)[8..].iter().all(|&c| c == 8));
+            for (j, s) in b.seqs.iter().enumerate() {
+                let m = &op.mask[j * GATHER_GRANULE..(j + 1) * GATHER_GRANULE];
+                let n = s.views[0].n_kv();
+                assert_eq!(&m[..n], s.views[0].mask.as_slice());
+                assert!(m[n..].iter().all(|&x| x == NEG_INF_F16));
+            }
+        }
+        // One strided op is kept as it is (no copy).
+        let grid = batch(vec![decode(0, &[(64, 16)], 2), decode(1, &[(0, 16)], 3)]);
+        let ops = super::plan(&grid, 0, 512, true);
+        assert_eq!(ops.len(), 1);
+        assert!(ops[0].gather.is_none());
+        // Windows too long to copy keep their ops (here one each: they do not
+        // ascend).
+        let long: Vec<SeqSpan> = (0..2)
+            .map(|i| {
+                let at = i * 100_000;
+                decode(i, &[(at + 50_000, 20_000), (at, 20_000)], 39_999)
+            })
+            .collect();
+        let long = batch(long);
+        let ops = super::plan(&long, 0, 1 << 20, false);
+        assert_eq!(ops.len(), 2);
+        assert!(ops.iter().all(|o| o.gather.is_none()));
     }
 
     #[test]

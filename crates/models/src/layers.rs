@@ -67,12 +67,14 @@ pub(crate) struct AttnInputs<'a> {
 }
 
 /// A strided op's layout (see [`crate::attn::Strided`]): the region stride in
-/// cells and the two row maps as I32 inputs.
+/// cells and the two row maps as I32 inputs, and for a gathered op the pool cell
+/// of each slot (I32, `regions × stride`).
 #[derive(Clone)]
 pub(crate) struct StridedInputs<'a> {
     pub stride: usize,
     pub q_rows: Tensor<'a>,
     pub regions: Tensor<'a>,
+    pub gather: Option<Tensor<'a>>,
 }
 
 /// Everything an architecture needs to build one step's graph.
@@ -88,6 +90,9 @@ pub(crate) struct Builder<'a> {
     pub cpu: bool,
     /// [`crate::StepBatch::batch_invariant`].
     pub invariant: bool,
+    /// Every layer's KV pools are in GPU memory (a GPU device, fully offloaded), so
+    /// ops reading them run on the GPU.
+    pub gpu_kv: bool,
     /// Set by the architecture: every row's final hidden state after the output
     /// norm `[n_embd, n_tokens]`, the input of its MTP head (only architectures
     /// with one set it; see [`crate::StepBatch::hidden_rows`]).
@@ -499,9 +504,10 @@ impl<'a> Builder<'a> {
     }
 
     /// Decode rows attending in one op over equally spaced regions of the pools
-    /// (see [`crate::attn`]): their queries gathered into region order, K and V as
-    /// 4-D views whose last dimension steps by the stride, the outputs gathered
-    /// back into row order. Returns `[dim_v, n_head, rows]`.
+    /// (see [`crate::attn`]), or of their windows gathered from the pools: their
+    /// queries gathered into region order, K and V as 4-D views whose last
+    /// dimension steps by the stride, the outputs gathered back into row order.
+    /// Returns `[dim_v, n_head, rows]`.
     #[allow(clippy::too_many_arguments)]
     fn strided_attention(
         &self,
@@ -517,6 +523,19 @@ impl<'a> Builder<'a> {
         let (ctx, hp, n_t) = (self.ctx, self.hp, self.inp.n_tokens as i64);
         let (first, width) = (op.runs[0].start, op.runs[0].len as i64);
         let n_regions = st.q_rows.ne()[0];
+        // A gathered op reads copies of the rows' windows: F16 straight from the
+        // pool where the op runs on a GPU; ggml's CPU get_rows gives F32, cast back
+        // to the pool's F16 (the same values).
+        let (k_all, v_all) = match st.gather {
+            Some(cells) => {
+                let g = |pool: Tensor<'a>| match self.gpu_kv {
+                    true => ctx.get_rows_f16_on_gpu(pool, cells),
+                    false => ctx.cast(ctx.get_rows(pool, cells), pool.dtype()),
+                };
+                (g(k_all), g(v_all))
+            }
+            None => (k_all, v_all),
+        };
         let (hd, n_head) = (hp.head_dim_of(il) as i64, hp.n_head as i64);
         let q2 = ctx.reshape(q, &[hd * n_head, n_t]);
         let qr = ctx.get_rows(q2, st.q_rows); // [hd * n_head, regions]

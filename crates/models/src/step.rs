@@ -68,6 +68,8 @@ struct OpShape {
     swa: bool,
     /// (stride, regions, rows) of a strided op.
     strided: Option<(usize, usize, usize)>,
+    /// A gathered op (its cells are an input, not part of the shape).
+    gathered: bool,
     matmul: bool,
 }
 
@@ -83,6 +85,7 @@ impl OpShape {
                 .strided
                 .as_ref()
                 .map(|st| (st.stride, st.q_rows.len(), st.regions.len())),
+            gathered: op.gather.is_some(),
             matmul: op.matmul,
         }
     }
@@ -139,6 +142,8 @@ struct AttnIds {
     mask_swa: Option<usize>,
     /// A strided op's (q_rows, regions).
     strided: Option<(usize, usize)>,
+    /// A gathered op's cells.
+    gather: Option<usize>,
     /// A matmul op's window cells.
     cells: Option<usize>,
 }
@@ -343,6 +348,10 @@ impl Model {
                     stride: st.stride,
                     q_rows: index_input("inp_attn_q_rows", st.q_rows.len()),
                     regions: index_input("inp_attn_regions", st.regions.len()),
+                    gather: op
+                        .gather
+                        .as_ref()
+                        .map(|c| index_input("inp_attn_gather", c.len())),
                 }),
             };
             let inp = Inputs {
@@ -411,6 +420,7 @@ impl Model {
                 inp,
                 cpu,
                 invariant,
+                gpu_kv: model.greedy_on_device(),
                 hidden: None,
                 written: Vec::new(),
             };
@@ -484,10 +494,16 @@ impl Model {
                         .as_ref()
                         .map(|st| (kept(&mut keep, st.q_rows), kept(&mut keep, st.regions)));
                     let cells = t.cells.map(|c| kept(&mut keep, c));
+                    let gather = t
+                        .strided
+                        .as_ref()
+                        .and_then(|st| st.gather)
+                        .map(|c| kept(&mut keep, c));
                     ids.push(AttnIds {
                         mask,
                         mask_swa: swa,
                         strided,
+                        gather,
                         cells,
                     });
                 }
@@ -588,6 +604,9 @@ impl Model {
             if let (Some((q_rows, regions)), Some(st)) = (strided, &op.strided) {
                 g.tensor(q_rows).write(&st.q_rows)?;
                 g.tensor(regions).write(&st.regions)?;
+            }
+            if let (Some(t), Some(cells)) = (ids.gather, &op.gather) {
+                g.tensor(t).write(cells)?;
             }
         }
         g.tensor(ins.out_ids).write(&batch.output_rows)?;
