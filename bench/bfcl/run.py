@@ -349,6 +349,17 @@ def markdown(res):
                 cells.append("%d / %d / %d / %d%s" % (k["calls"], k["demoted"], k["markup-reparsed"], k["text"],
                                                       " (%d no raw)" % k["no-raw"] if k["no-raw"] else ""))
             lines.append("| %s | %s |" % (cat, " | ".join(cells)))
+    if markup and len(eng) == 2:
+        # Same generation? The two engines' raw outputs, less the end-of-turn token.
+        lines += ["", "Entries whose raw output (the sampled tokens, less the end-of-turn token) is byte-identical "
+                  "in both engines, and of those, how many score differently under the served rule:", "",
+                  "| category | identical raw output | of which served verdicts differ |", "|---|---:|---:|"]
+        for cat in done:
+            a, b = (e["categories"][cat]["entries"] for e in res["engines"])
+            same = [(x, y) for x, y in zip(a, b) if x.get("raw") is not None and y.get("raw") is not None
+                    and EOG_TAIL.sub("", x["raw"]) == EOG_TAIL.sub("", y["raw"])]
+            lines.append("| %s | %d/%d | %d |" % (cat, len(same), min(len(a), len(b)),
+                                                  sum(1 for x, y in same if x["valid"] != y["valid"])))
     # Diagnostic: answers that came back as message text but hold a call object
     # (`{"name": ...}`, bare or in a ```json block), i.e. calls the engine's
     # parser did not recognise.
