@@ -252,7 +252,9 @@ fn decoding_goes_on_while_an_image_encodes() {
 #[test]
 fn inline_encodes_give_the_same_tokens() {
     let Some((model, enc)) = setup() else { return };
-    let Some((_, enc_inline)) = setup() else { return };
+    let Some((_, enc_inline)) = setup() else {
+        return;
+    };
     let reqs = |enc: &VisionEncoder| {
         let mut text = Request::new(vec![1, 2, 3, 4, 5], 12);
         text.stop.eog = false;
