@@ -89,14 +89,14 @@ fn tensor_shapes() -> Vec<(String, Vec<usize>)> {
 
 /// The tests' minimal GGUF v3 writer (string, u32, f32, bool and f32-array
 /// keys; F32 tensors), kept byte-identical to theirs.
-struct Writer {
+pub(crate) struct Writer {
     kv: Vec<u8>,
     n_kv: u64,
     tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
 }
 
 impl Writer {
-    fn new(arch: &str) -> Writer {
+    pub(crate) fn new(arch: &str) -> Writer {
         let mut w = Writer {
             kv: Vec::new(),
             n_kv: 0,
@@ -113,28 +113,28 @@ impl Writer {
         self.n_kv += 1;
     }
 
-    fn string(&mut self, k: &str, v: &str) {
+    pub(crate) fn string(&mut self, k: &str, v: &str) {
         self.key(k, 8);
         self.kv.extend((v.len() as u64).to_le_bytes());
         self.kv.extend(v.as_bytes());
     }
 
-    fn u32(&mut self, k: &str, v: u32) {
+    pub(crate) fn u32(&mut self, k: &str, v: u32) {
         self.key(k, 4);
         self.kv.extend(v.to_le_bytes());
     }
 
-    fn f32(&mut self, k: &str, v: f32) {
+    pub(crate) fn f32(&mut self, k: &str, v: f32) {
         self.key(k, 6);
         self.kv.extend(v.to_le_bytes());
     }
 
-    fn bool(&mut self, k: &str, v: bool) {
+    pub(crate) fn bool(&mut self, k: &str, v: bool) {
         self.key(k, 7);
         self.kv.push(u8::from(v));
     }
 
-    fn f32_array(&mut self, k: &str, v: &[f32]) {
+    pub(crate) fn f32_array(&mut self, k: &str, v: &[f32]) {
         self.key(k, 9);
         self.kv.extend(6u32.to_le_bytes());
         self.kv.extend((v.len() as u64).to_le_bytes());
@@ -144,7 +144,7 @@ impl Writer {
     }
 
     /// A tensor of xorshift64 values in [-0.2, 0.2].
-    fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64) {
+    pub(crate) fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64) {
         let n: usize = shape.iter().product();
         let data = (0..n)
             .map(|_| {
@@ -157,7 +157,13 @@ impl Writer {
         self.tensors.push((name.into(), shape.to_vec(), data));
     }
 
-    fn finish(self) -> Vec<u8> {
+    /// A tensor of the given values (scalars such as clamp bounds).
+    pub(crate) fn tensor_values(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "{name}");
+        self.tensors.push((name.into(), shape.to_vec(), data));
+    }
+
+    pub(crate) fn finish(self) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend((self.tensors.len() as u64).to_le_bytes());

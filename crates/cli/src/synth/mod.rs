@@ -26,6 +26,7 @@ use tempo9_gguf::{GgmlType, GgufWriter, Value};
 
 mod gemma4;
 mod mmproj;
+mod mmproj_gemma4;
 mod shapes;
 mod tensors;
 mod vocab;
@@ -78,7 +79,8 @@ pub struct SynthArgs {
     /// Write this vision projector (`mmproj` file, for `serve --mmproj`) instead
     /// of a language model; the other options are ignored. `qwen3vl-tiny`: the
     /// tiny Qwen3-VL projector of the vision tests, for the qwen3vl-tiny and
-    /// qwen3vlmoe-tiny presets.
+    /// qwen3vlmoe-tiny presets; `gemma4-tiny`: the tiny Gemma 4 projector, for
+    /// the gemma4-tiny and gemma4moe-tiny presets.
     #[arg(long, value_enum, value_name = "NAME")]
     projector: Option<ProjectorPreset>,
 }
@@ -89,6 +91,10 @@ enum ProjectorPreset {
     /// Qwen3-VL merger, ViT of 16 wide × 3 blocks, 4-pixel patches, 128-wide output
     /// with 2 deepstack features.
     Qwen3vlTiny,
+    /// Gemma 4 vision (`gemma4v`), ViT of 32 wide × 2 blocks, 4-pixel patches
+    /// pooled 3×3, 128-wide output: for the gemma4-tiny and gemma4moe-tiny presets.
+    #[value(name = "gemma4-tiny")]
+    Gemma4Tiny,
 }
 
 struct Planned {
@@ -174,8 +180,12 @@ const CHUNK_VALUES: u64 = 1 << 20;
 
 /// Runs `tempo9 synth-gguf`.
 pub fn run(a: SynthArgs) -> Result<()> {
-    if let Some(ProjectorPreset::Qwen3vlTiny) = a.projector {
-        return std::fs::write(&a.out, mmproj::tiny_qwen3vl())
+    if let Some(p) = a.projector {
+        let bytes = match p {
+            ProjectorPreset::Qwen3vlTiny => mmproj::tiny_qwen3vl(),
+            ProjectorPreset::Gemma4Tiny => mmproj_gemma4::tiny_gemma4v(),
+        };
+        return std::fs::write(&a.out, bytes)
             .with_context(|| format!("writing {}", a.out.display()));
     }
     let quant =
