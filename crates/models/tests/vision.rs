@@ -868,7 +868,8 @@ fn gemma4v_encoder_matches_llama_cpp_clip() {
 }
 
 /// One single-sequence Gemma 4 step over `n` rows in cells `start..start + n`
-/// at positions equal to the cells (one full cache: llama.cpp's `--swa-full`).
+/// at positions equal to the cells (one full cache: llama.cpp's `--swa-full`;
+/// the KV store must hold the padded window).
 /// Full layers attend causally; sliding layers too, except that the rows of
 /// an image (`image: true`) see every cell of the image, within the window
 /// behind them (mtmd decodes a Gemma 4 image non-causally, llama.cpp's
@@ -883,10 +884,15 @@ fn gemma4_step(
 ) -> Vec<f32> {
     let n = image.map_or(tokens.len(), |e| e.n_tokens());
     let n_kv = start + n;
+    // llama.cpp's KV cache attends over a window padded to 256 cells (the
+    // padding masked): the CPU flash-attention kernel splits a decode row's
+    // cells between threads by the window's size, so its sums round as the
+    // window is cut.
+    let n_win = n_kv.next_multiple_of(256);
     let swa = model.hparams().swa_window;
     let last = (n_kv - 1) as i32;
-    let mut mask = MaskBuilder::new(n_kv, n);
-    let mut mask_swa = MaskBuilder::new(n_kv, n);
+    let mut mask = MaskBuilder::new(n_win, n);
+    let mut mask_swa = MaskBuilder::new(n_win, n);
     for r in 0..n {
         let pos = (start + r) as i32;
         mask.allow_prefix(r, pos, None);
@@ -903,7 +909,7 @@ fn gemma4_step(
             views: vec![KvView {
                 window: vec![CellRun {
                     start: 0,
-                    len: n_kv,
+                    len: n_win,
                 }],
                 mask: mask.into_data(),
                 mask_swa: Some(mask_swa.into_data()),

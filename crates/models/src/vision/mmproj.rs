@@ -235,6 +235,20 @@ impl VisionHParams {
     }
 }
 
+/// How the language model takes an image's tokens, as llama.cpp's `mtmd`
+/// decodes them for the projector type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImageDecoding {
+    /// M-RoPE positions: image token `i` of an `n_x × n_y` grid from position
+    /// `p` at `(p, p + i / n_x, p + i % n_x)`, the text after it from
+    /// `p + max(n_x, n_y)` (Qwen3-VL). Else one position per token, as text.
+    pub mrope: bool,
+    /// The image's tokens attend to each other both ways, decoded in one
+    /// batch (`mtmd_decode_use_non_causal`; Gemma 4 applies it to its sliding
+    /// layers only). An image's tokens must then be computed in one step.
+    pub non_causal: bool,
+}
+
 /// A projector file: its hyper-parameters and the file (the encoder's weights
 /// load from it onto the encoder's device).
 pub struct Projector {
@@ -260,6 +274,21 @@ impl Projector {
     /// The vision tower's hyper-parameters.
     pub fn hparams(&self) -> &VisionHParams {
         &self.hp
+    }
+
+    /// How its images' tokens are decoded by the language model.
+    pub fn decoding(&self) -> ImageDecoding {
+        match self.hp.projector {
+            ProjectorType::Qwen3Vl => ImageDecoding {
+                mrope: true,
+                non_causal: false,
+            },
+            // llama.cpp keeps Gemma 4 E2B and E4B (2560 and 1536 wide) causal.
+            ProjectorType::Gemma4V => ImageDecoding {
+                mrope: false,
+                non_causal: !matches!(self.hp.projection_dim, 1536 | 2560),
+            },
+        }
     }
 
     /// The file the weights come from.

@@ -19,7 +19,7 @@ mod resize;
 
 pub use decode::{decode, DecodedImage, MAX_DECODED_PIXELS};
 pub use encoder::{ImageEmbeddings, VisionEncoder};
-pub use mmproj::{FfnAct, Projector, ProjectorType, VisionHParams};
+pub use mmproj::{FfnAct, ImageDecoding, Projector, ProjectorType, VisionHParams};
 pub use preprocess::{PixelHash, Preprocessed};
 pub use resize::{smart_resize, Resample};
 
