@@ -42,11 +42,13 @@ def main():
     fixtures = glob.glob(os.path.join(root, "tests/fixtures/*/greedy/*.json"))
     # The MTP-draft fixtures' files (scripts/fixtures/mtp_drafts.py).
     fixtures += glob.glob(os.path.join(root, "tests/fixtures/*/mtp/*.json"))
+    # The Gemma 4 vision fixtures (scripts/fixtures/vision_fixtures_gemma4.py).
+    fixtures += glob.glob(os.path.join(root, "tests/fixtures/*/vision/greedy/*.json"))
     for fx in sorted(fixtures):
         d = json.load(open(fx))
         if "synth" in d:
             wanted.setdefault(d["model"], d["synth"])
-        # The vision fixtures' projector (scripts/fixtures/vision_fixtures.py).
+        # The vision fixtures' projector (scripts/fixtures/vision_fixtures*.py).
         if "mmproj_synth" in d:
             wanted.setdefault(d["mmproj_synth"]["model"], d["mmproj_synth"])
     failed = False

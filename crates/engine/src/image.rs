@@ -7,11 +7,14 @@
 //! (as llama.cpp's `mtmd` assigns M-RoPE positions): image token `i` of an
 //! `n_x × n_y` grid starting at position `p` is at `(p, p + i / n_x, p + i % n_x)`
 //! (temporal, row, column), and the text after it continues at
-//! `p + max(n_x, n_y)`.
+//! `p + max(n_x, n_y)`. Without M-RoPE (Gemma 4) an image's tokens take one
+//! position each, as text. Where the projector's images are decoded
+//! non-causally, an image's cells are computed in one step
+//! ([`Images::whole_span`]) and see each other ([`Images::sees_through`]).
 
 use std::sync::Arc;
 
-use tempo9_models::vision::{ImageEmbeddings, PixelHash, Preprocessed};
+use tempo9_models::vision::{ImageDecoding, ImageEmbeddings, PixelHash, Preprocessed};
 
 use crate::scheduler::CHUNK_ALIGN;
 
@@ -38,6 +41,8 @@ pub(crate) struct Placed {
     pub n_y: usize,
     /// Its temporal rope position (the position of its first cell).
     pub pos: i32,
+    /// M-RoPE positions ([`ImageDecoding::mrope`]).
+    mrope: bool,
     pub pixels: Arc<Preprocessed>,
     /// The encoder's output, once delivered.
     pub embeds: Option<Arc<ImageEmbeddings>>,
@@ -55,18 +60,22 @@ impl Placed {
 
     /// How far the rope position advances over the image.
     fn advance(&self) -> i32 {
-        self.n_x.max(self.n_y) as i32
+        match self.mrope {
+            true => self.n_x.max(self.n_y) as i32,
+            false => (self.n_x * self.n_y) as i32,
+        }
     }
 }
 
-/// A sequence's images, in prompt order (none for a text prompt).
+/// A sequence's images, in prompt order (none for a text prompt), and whether
+/// each one's cells attend to each other ([`ImageDecoding::non_causal`]).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Images(Vec<Placed>);
+pub(crate) struct Images(Vec<Placed>, bool);
 
 impl Images {
     /// Places `images` (checked: ascending, inside the prompt, on the
     /// `token_side`-pixel grid) and computes their rope positions.
-    pub fn new(images: Vec<PromptImage>, token_side: usize) -> Images {
+    pub fn new(images: Vec<PromptImage>, token_side: usize, decoding: ImageDecoding) -> Images {
         let mut placed: Vec<Placed> = Vec::with_capacity(images.len());
         for img in images {
             // Text between images advances one position per token.
@@ -79,11 +88,12 @@ impl Images {
                 n_x: img.pixels.width / token_side,
                 n_y: img.pixels.height / token_side,
                 pos,
+                mrope: decoding.mrope,
                 pixels: img.pixels,
                 embeds: None,
             });
         }
-        Images(placed)
+        Images(placed, decoding.non_causal)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -108,6 +118,9 @@ impl Images {
         let Some(p) = i.checked_sub(1).map(|i| &self.0[i]) else {
             return [cell as i32; 3];
         };
+        if cell < p.end() && !p.mrope {
+            return [p.pos + (cell - p.at) as i32; 3];
+        }
         if cell < p.end() {
             let k = cell - p.at;
             return [
@@ -118,6 +131,46 @@ impl Images {
         }
         let t = p.pos + p.advance() + (cell - p.end()) as i32;
         [t; 3]
+    }
+
+    /// The cells `(start, end)` of the first image not computed by `n_computed`
+    /// when images are decoded non-causally: a step's prompt piece must not end
+    /// inside it (its rows see the whole image).
+    pub fn whole_span(&self, n_computed: usize) -> Option<(usize, usize)> {
+        if !self.1 {
+            return None;
+        }
+        self.0
+            .iter()
+            .find(|p| p.end() > n_computed)
+            .map(|p| (p.at, p.end()))
+    }
+
+    /// Cells of the run holding `cell` that llama.cpp decodes as one batch:
+    /// with non-causal images, the image or the text between images (of a
+    /// prompt of `n_prompt` cells); else the whole prompt. Decides whether a
+    /// short piece of it takes ggml's tiled attention kernel, as the run does.
+    pub fn run_len(&self, cell: usize, n_prompt: usize) -> usize {
+        if !self.1 {
+            return n_prompt;
+        }
+        if let Some((p, _)) = self.at_cell(cell) {
+            return p.end() - p.at;
+        }
+        let i = self.0.partition_point(|p| p.at <= cell);
+        let from = i.checked_sub(1).map_or(0, |i| self.0[i].end());
+        let to = self.0.get(i).map_or(n_prompt, |p| p.at);
+        to.saturating_sub(from)
+    }
+
+    /// The last cell the row of `cell` sees on layers that decode images
+    /// non-causally: its image's last cell, or `cell` itself (text, or causal
+    /// images).
+    pub fn sees_through(&self, cell: usize) -> usize {
+        match self.1 {
+            true => self.at_cell(cell).map_or(cell, |(p, _)| p.end() - 1),
+            false => cell,
+        }
     }
 
     /// The first cell from `n_computed` on that cannot be computed yet: the
@@ -166,6 +219,12 @@ fn mix(mut z: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// Qwen3-VL's decoding.
+    const MROPE: ImageDecoding = ImageDecoding {
+        mrope: true,
+        non_causal: false,
+    };
+
     fn image(w: usize, h: usize, hash: u128) -> Arc<Preprocessed> {
         Arc::new(Preprocessed {
             width: w,
@@ -190,6 +249,7 @@ mod tests {
                 },
             ],
             8,
+            MROPE,
         );
         assert_eq!(imgs.position(4), [4; 3]);
         // The first image: (5, 5 + row, 5 + column).
@@ -209,6 +269,54 @@ mod tests {
     }
 
     #[test]
+    fn gemma4_images_take_one_position_a_token_and_are_computed_whole() {
+        // Text 0..5, a 3×2 image at cells 5..11, text, a 2×2 image at 14..18.
+        let imgs = Images::new(
+            vec![
+                PromptImage {
+                    at: 5,
+                    pixels: image(24, 16, 1),
+                },
+                PromptImage {
+                    at: 14,
+                    pixels: image(16, 16, 2),
+                },
+            ],
+            8,
+            ImageDecoding {
+                mrope: false,
+                non_causal: true,
+            },
+        );
+        for cell in 0..20 {
+            assert_eq!(imgs.position(cell), [cell as i32; 3], "cell {cell}");
+        }
+        assert_eq!(imgs.whole_span(0), Some((5, 11)));
+        assert_eq!(imgs.whole_span(7), Some((5, 11)));
+        assert_eq!(imgs.whole_span(11), Some((14, 18)));
+        assert_eq!(imgs.whole_span(18), None);
+        assert_eq!((imgs.sees_through(4), imgs.sees_through(5)), (4, 10));
+        assert_eq!((imgs.sees_through(10), imgs.sees_through(12)), (10, 12));
+        // Runs: text 0..5, the image 5..11, text 11..14, the image, text 18..30.
+        let runs: Vec<usize> = [0, 4, 5, 10, 11, 13, 14, 18, 29]
+            .iter()
+            .map(|&c| imgs.run_len(c, 30))
+            .collect();
+        assert_eq!(runs, [5, 5, 6, 6, 3, 3, 4, 12, 12]);
+        // Qwen3-VL's images are causal: no span, each cell sees itself last.
+        let q = Images::new(
+            vec![PromptImage {
+                at: 5,
+                pixels: image(24, 16, 1),
+            }],
+            8,
+            MROPE,
+        );
+        assert_eq!((q.whole_span(0), q.sees_through(5)), (None, 5));
+        assert_eq!(q.run_len(7, 30), 30);
+    }
+
+    #[test]
     fn waits_before_an_image_without_embeddings() {
         let mut imgs = Images::new(
             vec![PromptImage {
@@ -216,6 +324,7 @@ mod tests {
                 pixels: image(16, 16, 3),
             }],
             8,
+            MROPE,
         );
         // Text up to the chunk boundary before the image goes ahead.
         assert_eq!(imgs.blocked_at(0), 64);
@@ -246,6 +355,7 @@ mod tests {
                     pixels: image(16, 16, hash),
                 }],
                 8,
+                MROPE,
             )
             .key_prompt(&mut prompt);
             prompt

@@ -125,6 +125,9 @@ pub(crate) struct Progress {
     /// The first prompt position it cannot compute yet (an image the encoder has
     /// not delivered starts there); `usize::MAX` for none.
     pub blocked_at: usize,
+    /// Prompt cells `(start, end)` computed as one piece of their own: the next
+    /// image whose rows attend to each other (Gemma 4).
+    pub whole: Option<(usize, usize)>,
 }
 
 impl Progress {
@@ -181,17 +184,37 @@ fn next_piece(p: &Progress, budget: usize) -> usize {
         if remaining == 0 {
             return 0;
         }
-        match prompt_piece(remaining, budget) {
+        let n = match prompt_piece(remaining, budget) {
             // A budget of one aligned chunk cannot split 65..127 remaining tokens
             // (the last chunk must not be shorter): take them all, exceeding it by
             // less than a chunk, rather than never finishing.
             0 if budget >= CHUNK_ALIGN && remaining < 2 * CHUNK_ALIGN => remaining,
             n => n,
-        }
+        };
+        keep_whole(p, n)
     } else if p.n_computed + 1 == p.n_tokens {
         1 + p.n_draft
     } else {
         1
+    }
+}
+
+/// Prompt piece `n` of `p` with its image computed whole ([`Progress::whole`])
+/// a piece of its own, as mtmd decodes it: the text before it stops at its
+/// start, and the image is taken whole, over the budget if it must be
+/// (llama.cpp needs it in one ubatch). Kernels choose by a piece's row count,
+/// so the same pieces as llama.cpp's give the same numbers. 0 past the image
+/// (a span planned this step: what follows waits for the next step's).
+fn keep_whole(p: &Progress, n: usize) -> usize {
+    match p.whole {
+        Some((start, end)) if n > 0 => {
+            if p.n_computed < start {
+                n.min(start - p.n_computed)
+            } else {
+                end.saturating_sub(p.n_computed)
+            }
+        }
+        _ => n,
     }
 }
 
@@ -255,8 +278,8 @@ pub(crate) fn plan(
                 }
                 // A prompt chunk may shrink to what fits.
                 if !decode_pass && cache.room(p.id) < want {
-                    let fit = prompt_piece(p.prompt_left(), cache.room(p.id));
-                    if fit > 0 {
+                    let fit = keep_whole(&p, prompt_piece(p.prompt_left(), cache.room(p.id)));
+                    if fit > 0 && fit <= cache.room(p.id) {
                         want = fit;
                     }
                 }
@@ -368,6 +391,7 @@ mod tests {
             n_draft: 0,
             stop_at: usize::MAX,
             blocked_at: usize::MAX,
+            whole: None,
         }
     }
 
@@ -406,6 +430,30 @@ mod tests {
             }
         }
         c
+    }
+
+    #[test]
+    fn an_image_computed_whole_is_a_piece_of_its_own() {
+        // An image at 600..1700 of a 1720-token prompt, steps of 512 tokens:
+        // text up to 512, then up to the image's start, the image whole (over
+        // the budget), then the text after it.
+        let mut p = progress(1, 1720, 0, 1720);
+        p.whole = Some((600, 1700));
+        let mut pieces = Vec::new();
+        while p.n_computed < p.n_prompt {
+            let n = next_piece(&p, 512);
+            pieces.push((p.n_computed, p.n_computed + n));
+            p.n_computed += n;
+            if p.n_computed >= 1700 {
+                p.whole = None;
+            }
+        }
+        assert_eq!(pieces, [(0, 512), (512, 600), (600, 1700), (1700, 1720)]);
+        // A cached prefix into the image: the rest of it; no budget: nothing.
+        p.n_computed = 640;
+        p.whole = Some((600, 1700));
+        assert_eq!(next_piece(&p, 64), 1060);
+        assert_eq!(next_piece(&p, 0), 0);
     }
 
     #[test]

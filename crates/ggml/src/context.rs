@@ -620,6 +620,67 @@ impl Context {
         self.op1(|c| unsafe { sys::ggml_clamp(c, a.raw(), min, max) })
     }
 
+    /// `a * s + b` in one op (`ggml_scale_bias`).
+    pub fn scale_bias<'a>(&'a self, a: Tensor<'a>, s: f32, b: f32) -> Tensor<'a> {
+        // SAFETY: live tensor.
+        self.op1(|c| unsafe { sys::ggml_scale_bias(c, a.raw(), s, b) })
+    }
+
+    /// Element-wise `a - b` (`b` broadcast over `a`).
+    pub fn sub<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        Self::check_repeat(a, b, "sub");
+        // SAFETY: broadcast checked.
+        self.op1(|c| unsafe { sys::ggml_sub(c, a.raw(), b.raw()) })
+    }
+
+    /// `gelu_quick(a) * b` (GeGLU with the sigmoid approximation `x * sigmoid(1.702 x)`).
+    pub fn geglu_quick_split<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        assert_eq!(a.ne(), b.ne(), "geglu_quick: shape mismatch");
+        // SAFETY: shapes checked.
+        self.op1(|c| unsafe { sys::ggml_geglu_quick_split(c, a.raw(), b.raw()) })
+    }
+
+    /// `gelu_erf(a) * b` (GeGLU with the exact, erf-based GELU).
+    pub fn geglu_erf_split<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        assert_eq!(a.ne(), b.ne(), "geglu_erf: shape mismatch");
+        // SAFETY: shapes checked.
+        self.op1(|c| unsafe { sys::ggml_geglu_erf_split(c, a.raw(), b.raw()) })
+    }
+
+    /// Average pooling over dims 0 and 1 of `a` (`[w, h, c, n]` F32) with a
+    /// `k × k` kernel and stride `k`, no padding: `[w / k, h / k, c, n]`.
+    pub fn pool_2d_avg<'a>(&'a self, a: Tensor<'a>, k: i32) -> Tensor<'a> {
+        assert!(k > 0, "pool_2d: kernel > 0");
+        // SAFETY: live tensor; kernel checked.
+        self.op1(|c| unsafe {
+            sys::ggml_pool_2d(c, a.raw(), sys::GGML_OP_POOL_AVG, k, k, k, k, 0.0, 0.0)
+        })
+    }
+
+    /// Rotary embedding of dims `offset..offset + p.n_dims` of each head of `a`
+    /// (`[head_dim, n_head, n_tokens]`), the other dims copied: [`Context::rope`]
+    /// with `ggml_rope_set_offset` (not for the vision mode).
+    pub fn rope_at<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        p: &RopeParams,
+        offset: i32,
+    ) -> Tensor<'a> {
+        assert!(
+            offset >= 0 && i64::from(offset + p.n_dims) <= a.ne()[0],
+            "rope_at: dims {offset}..{} of a {}-wide head",
+            offset + p.n_dims,
+            a.ne()[0]
+        );
+        let t = self.rope(a, pos, None, p);
+        if offset > 0 {
+            // SAFETY: t is a rope node of a non-vision mode (ggml asserts both).
+            unsafe { sys::ggml_rope_set_offset(t.raw(), offset) };
+        }
+        t
+    }
+
     /// Element-wise logistic sigmoid.
     pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: live tensor.

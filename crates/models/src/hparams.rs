@@ -95,9 +95,10 @@ impl Arch {
         )
     }
 
-    /// Whether image embeddings (from a projector file) can feed it: Qwen3-VL.
+    /// Whether image embeddings (from a projector file) can feed it: Qwen3-VL
+    /// and Gemma 4.
     pub fn takes_images(self) -> bool {
-        matches!(self, Arch::Qwen3Vl | Arch::Qwen3VlMoe)
+        matches!(self, Arch::Qwen3Vl | Arch::Qwen3VlMoe | Arch::Gemma4)
     }
 
     /// Whether some layers are gated-DeltaNet layers with a recurrent state.
@@ -492,25 +493,28 @@ impl HParams {
             // Queries and keys are RMS-normed; attention runs unscaled.
             attn_scale = 1.0;
         }
-        let rope_sections = match arch.is_hybrid() || arch.takes_images() {
-            true => {
-                let key_s = key("rope.dimension_sections");
-                let v = md
-                    .get_i32_array(&key_s)?
-                    .map(|v| v.to_vec())
-                    .or(md
-                        .get_u32_array(&key_s)?
-                        .map(|v| v.iter().map(|&x| x as i32).collect()))
-                    .ok_or_else(|| ModelError::MissingKey(key_s.clone()))?;
-                if v.len() < 3 || v.len() > 4 || v.iter().any(|&x| x < 0) {
-                    return bad(format!("{key_s} {v:?}: want 3 or 4 sections"));
+        // Multi-section rope: Qwen3.5 and Qwen3-VL (not Gemma 4, whose images
+        // take plain consecutive positions).
+        let rope_sections =
+            match arch.is_hybrid() || matches!(arch, Arch::Qwen3Vl | Arch::Qwen3VlMoe) {
+                true => {
+                    let key_s = key("rope.dimension_sections");
+                    let v = md
+                        .get_i32_array(&key_s)?
+                        .map(|v| v.to_vec())
+                        .or(md
+                            .get_u32_array(&key_s)?
+                            .map(|v| v.iter().map(|&x| x as i32).collect()))
+                        .ok_or_else(|| ModelError::MissingKey(key_s.clone()))?;
+                    if v.len() < 3 || v.len() > 4 || v.iter().any(|&x| x < 0) {
+                        return bad(format!("{key_s} {v:?}: want 3 or 4 sections"));
+                    }
+                    let mut s = [0i32; 4];
+                    s[..v.len()].copy_from_slice(&v);
+                    Some(s)
                 }
-                let mut s = [0i32; 4];
-                s[..v.len()].copy_from_slice(&v);
-                Some(s)
-            }
-            false => None,
-        };
+                false => None,
+            };
         let has_experts =
             arch.is_moe() || (arch == Arch::Gemma4 && md.get_u32(&key("expert_count"))?.is_some());
         let moe = match has_experts {

@@ -430,16 +430,31 @@ impl MaskBuilder {
     /// the pages no row of the step can see). Row `row` sees positions
     /// `max(base, pos - window + 1)..=pos`; `base <= pos` (a token sees itself).
     pub fn allow_prefix_from(&mut self, row: usize, pos: i32, window: Option<u32>, base: i32) {
-        assert!(row < self.n_tokens && base >= 0 && pos >= base);
+        self.allow_through_from(row, pos, window, base, pos);
+    }
+
+    /// Like [`MaskBuilder::allow_prefix_from`], the row also seeing the cells
+    /// after its own up to position `through` (`>= pos`): bidirectional
+    /// attention among an image's cells (Gemma 4's sliding layers, as llama.cpp
+    /// decodes an image non-causally), the window still bounding how far back.
+    pub fn allow_through_from(
+        &mut self,
+        row: usize,
+        pos: i32,
+        window: Option<u32>,
+        base: i32,
+        through: i32,
+    ) {
+        assert!(row < self.n_tokens && base >= 0 && pos >= base && through >= pos);
         assert!(
-            ((pos - base) as usize) < self.n_kv,
-            "position {pos} outside the window"
+            ((through - base) as usize) < self.n_kv,
+            "position {through} outside the window"
         );
         let first = window
             .map_or(0, |w| pos as i64 - w as i64 + 1)
             .max(base as i64);
         let lo = (first - base as i64) as usize;
-        let hi = (pos - base) as usize + 1;
+        let hi = (through - base) as usize + 1;
         let zero = f32_to_f16_bits(0.0);
         let start = row * self.n_kv;
         if self.data.len() <= start {
@@ -485,6 +500,30 @@ mod tests {
             }
         }
         m
+    }
+
+    #[test]
+    fn image_rows_see_through_the_image_within_the_window() {
+        // An image in cells 10..16 from base 4 (cell c holds position 4 + c):
+        // each row sees back to its window's start and forward to the image's
+        // last position, 19; a text row after it only its past.
+        let (n_kv, n_tokens) = (20, 7);
+        let mut b = MaskBuilder::new(n_kv, n_tokens);
+        for r in 0..6 {
+            b.allow_through_from(r, 14 + r as i32, Some(4), 4, 19);
+        }
+        b.allow_through_from(6, 20, Some(4), 4, 20);
+        let m = b.into_data();
+        let zero = f32_to_f16_bits(0.0);
+        for r in 0..n_tokens {
+            let pos = 14 + r as i64;
+            let through = if r < 6 { 19 } else { pos };
+            for c in 0..n_kv {
+                let p = 4 + c as i64;
+                let want = p > pos - 4 && p <= through;
+                assert_eq!(m[r * n_kv + c] == zero, want, "row {r} cell {c}");
+            }
+        }
     }
 
     #[test]

@@ -193,7 +193,14 @@ impl<'a> Builder<'a> {
     /// Token embeddings with the step's input embeddings (image positions) in
     /// their rows, as llama.cpp feeds an embedding batch.
     pub fn embed_inputs(&self, tok_embd: WeightId) -> Tensor<'a> {
-        let x = self.embed(tok_embd, None);
+        self.embed_inputs_scaled(tok_embd, None)
+    }
+
+    /// [`Builder::embed_inputs`] with the token rows scaled by `scale` and the
+    /// input embeddings not (llama.cpp scales only token rows: Gemma's
+    /// `sqrt(n_embd)`).
+    pub fn embed_inputs_scaled(&self, tok_embd: WeightId, scale: Option<f32>) -> Tensor<'a> {
+        let x = self.embed(tok_embd, scale);
         match self.inp.embeds {
             Some(e) => self.ctx.set_rows(x, self.embed_part(e, 0), e.rows),
             None => x,

@@ -704,3 +704,334 @@ fn bad_image_rows_are_clear_errors() {
     let e = text.forward(&mut exec, &kv, &b).unwrap_err().to_string();
     assert!(e.contains("qwen3 takes no input embeddings"), "{e}");
 }
+
+// ---------------------------------------------------------------------------
+// Gemma 4 (`gemma4v` projector, `gemma4` language model), against the
+// references of scripts/fixtures/vision_fixtures_gemma4.py.
+
+fn gemma4_fixture_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma4-tiny/vision")
+}
+
+fn gemma4_preprocess_fixture() -> serde_json::Value {
+    let path = gemma4_fixture_dir().join("preprocess.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The tiny gemma4v projector (`tempo9 synth-gguf --projector gemma4-tiny`,
+/// which scripts/synth-models.py puts beside the models), checked to be the
+/// file the fixtures were recorded on.
+fn gemma4_projector() -> Option<Projector> {
+    let path = common::model_path("mmproj-gemma4-tiny.gguf")?;
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(
+        gemma4_preprocess_fixture()["mmproj_fnv1a64"],
+        format!("{:016x}", fnv1a64(&bytes)),
+        "mmproj-gemma4-tiny.gguf is not the recorded projector: rerun scripts/synth-models.py"
+    );
+    Some(load(bytes).unwrap())
+}
+
+/// (name, width, height) of the recorded images.
+fn gemma4_images() -> Vec<(String, u32, u32)> {
+    gemma4_preprocess_fixture()["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|im| {
+            let d = |k: &str| im[k].as_u64().unwrap() as u32;
+            (
+                im["name"].as_str().unwrap().to_string(),
+                d("width"),
+                d("height"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn gemma4v_loads_hparams_with_llama_cpp_defaults() {
+    let Some(p) = gemma4_projector() else {
+        return;
+    };
+    let hp = p.hparams();
+    assert_eq!(hp.projector, ProjectorType::Gemma4V);
+    assert_eq!((hp.n_embd, hp.n_head, hp.n_ff, hp.n_layer), (32, 2, 64, 2));
+    // Pooling 3 × 3 by default; 70 to 1120 tokens of (4 × 3)² pixels; no
+    // `use_gelu` key: llama.cpp's quick GELU.
+    assert_eq!((hp.patch_size, hp.n_merge), (4, 3));
+    assert_eq!((hp.min_pixels, hp.max_pixels), (70 * 144, 1120 * 144));
+    assert_eq!(hp.ffn_act, tempo9_models::vision::FfnAct::GeluQuick);
+    assert!(hp.deepstack_layers.is_empty());
+    assert_eq!(hp.n_embd_out(), 128);
+    p.check_language_model("gemma4", 128, 0).unwrap();
+    let e = p
+        .check_language_model("qwen3vl", 128, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gemma4v projector goes with gemma4"), "{e}");
+}
+
+/// Preprocessing against `mtmd` (b11434) on six images (upscaled with padding,
+/// slightly resized, tall, wide and unchanged, tiny, downscaled to the token
+/// maximum): the same size, bit-identical f32 values.
+#[test]
+fn gemma4v_preprocess_matches_llama_cpp_bit_for_bit() {
+    let Some(p) = gemma4_projector() else {
+        return;
+    };
+    let fixture = gemma4_preprocess_fixture();
+    let images = fixture["images"].as_array().unwrap();
+    assert_eq!(images.len(), 6);
+    for im in images {
+        let (w, h) = (
+            im["width"].as_u64().unwrap() as u32,
+            im["height"].as_u64().unwrap() as u32,
+        );
+        let pre = p.preprocess(&pixels(w, h));
+        let want = [
+            im["resized"][0].as_u64().unwrap(),
+            im["resized"][1].as_u64().unwrap(),
+        ];
+        assert_eq!([pre.width as u64, pre.height as u64], want, "{w}x{h}");
+        let n = pre.width * pre.height;
+        let interleaved: Vec<u8> = (0..n)
+            .flat_map(|i| (0..3).map(move |c| c * n + i))
+            .flat_map(|j| pre.planar[j].to_le_bytes())
+            .collect();
+        assert_eq!(
+            im["fnv1a64"].as_str().unwrap(),
+            format!("{:016x}", fnv1a64(&interleaved)),
+            "{w}x{h}: first values {:?} vs llama.cpp's {}",
+            &pre.planar[..2],
+            im["first"]
+        );
+    }
+}
+
+/// The `gemma4v` tower (patch convolution, x/y position tables, ViT blocks
+/// with 2-D NeoX rope, sandwich norms, clamped projections, 3 × 3 pooling,
+/// standardisation, projection) against llama.cpp's `clip`: bit-identical
+/// against a reference of this build's kernel set and codegen, within 1e-4
+/// (relative to the largest value) against another codegen's.
+#[test]
+fn gemma4v_encoder_matches_llama_cpp_clip() {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(gemma4_fixture_dir()).unwrap().flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path().join("meta.json")) else {
+            continue;
+        };
+        let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+        found.push((
+            e.path(),
+            m["kernel_set"]["fingerprint"].as_str().unwrap().to_string(),
+            m["codegen"].as_str().unwrap().to_string(),
+        ));
+    }
+    let (dir, tolerance) = match select(found) {
+        Reference::Exact(d) => (d, 1e-6),
+        Reference::OtherCodegen(d, _) => (d, 1e-4),
+        Reference::None => {
+            eprintln!("skipping gemma4v encoder parity: no reference for this kernel set");
+            return;
+        }
+    };
+    eprintln!(
+        "gemma4v encoder parity against {} (tolerance {tolerance:e})",
+        dir.display()
+    );
+    let Some(p) = gemma4_projector() else {
+        return;
+    };
+    let enc = VisionEncoder::new(p, tempo9_ggml::Device::cpu(), 2).unwrap();
+    let mut worst = 0f32;
+    for (name, w, h) in gemma4_images() {
+        let got = enc
+            .encode(&enc.projector().preprocess(&pixels(w, h)))
+            .unwrap();
+        let (n, d, want) = read_emb(&dir.join(format!("{name}.emb.f32")));
+        assert_eq!((got.n_tokens(), got.n_embd), (n, d), "image {name}");
+        assert_eq!(
+            got.n_x * 3 * 4,
+            enc.projector().preprocess(&pixels(w, h)).width
+        );
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = got
+            .data
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!("image {name}: {n} tokens x {d}, max |diff| {diff:e} (max |value| {scale})");
+        worst = worst.max(diff / scale);
+    }
+    assert!(worst <= tolerance, "relative difference {worst:e}");
+}
+
+/// One single-sequence Gemma 4 step over `n` rows in cells `start..start + n`
+/// at positions equal to the cells (one full cache: llama.cpp's `--swa-full`;
+/// the KV store must hold the padded window).
+/// Full layers attend causally; sliding layers too, except that the rows of
+/// an image (`image: true`) see every cell of the image, within the window
+/// behind them (mtmd decodes a Gemma 4 image non-causally, llama.cpp's
+/// `LLAMA_NON_CAUSAL_TYPE_SWA_ONLY`).
+fn gemma4_step(
+    model: &Arc<Model>,
+    exec: &mut tempo9_models::Executor,
+    kv: &Arc<tempo9_models::KvStore>,
+    start: usize,
+    tokens: &[u32],
+    image: Option<&ImageEmbeddings>,
+) -> Vec<f32> {
+    let n = image.map_or(tokens.len(), |e| e.n_tokens());
+    let n_kv = start + n;
+    // llama.cpp's KV cache attends over a window padded to 256 cells (the
+    // padding masked): the CPU flash-attention kernel splits a decode row's
+    // cells between threads by the window's size, so its sums round as the
+    // window is cut.
+    let n_win = n_kv.next_multiple_of(256);
+    let swa = model.hparams().swa_window;
+    let last = (n_kv - 1) as i32;
+    let mut mask = MaskBuilder::new(n_win, n);
+    let mut mask_swa = MaskBuilder::new(n_win, n);
+    for r in 0..n {
+        let pos = (start + r) as i32;
+        mask.allow_prefix(r, pos, None);
+        let through = if image.is_some() { last } else { pos };
+        mask_swa.allow_through_from(r, pos, swa, 0, through);
+    }
+    let mut b = StepBatch {
+        tokens: image.map_or_else(|| tokens.to_vec(), |_| vec![0; n]),
+        positions: (start as i32..n_kv as i32).collect(),
+        kv_slots: vec![(start..n_kv).map(|c| c as i64).collect()],
+        seqs: vec![SeqSpan {
+            row_start: 0,
+            n_rows: n,
+            views: vec![KvView {
+                window: vec![CellRun {
+                    start: 0,
+                    len: n_win,
+                }],
+                mask: mask.into_data(),
+                mask_swa: Some(mask_swa.into_data()),
+            }],
+            tiled_prompt: false,
+            state_snapshot: None,
+            continues: false,
+        }],
+        output_rows: vec![n as i32 - 1],
+        // As llama.cpp: decode rows through flash attention at any depth.
+        flash_decode: true,
+        ..StepBatch::default()
+    };
+    if let Some(e) = image {
+        b.embeds = Some(RowEmbeds {
+            rows: (0..n as i32).collect(),
+            values: e.data.clone(),
+        });
+    }
+    model.forward(exec, kv, &b).unwrap()
+}
+
+/// The synthetic Gemma 4 (dense) language model with the tiny gemma4v
+/// projector against llama-server `--mmproj` (b11434) on six images: BOS and
+/// the text before the image, the image's rows (embeddings unscaled, per-layer
+/// inputs of token 0, non-causal on sliding layers) at consecutive positions,
+/// the text after, then 32 greedy tokens, identical.
+#[test]
+fn gemma4_greedy_after_an_image_matches_llama_cpp() {
+    gemma4_greedy_after_images("gemma4-tiny");
+}
+
+/// [`gemma4_greedy_after_an_image_matches_llama_cpp`] for the MoE file.
+#[test]
+fn gemma4_greedy_after_an_image_matches_llama_cpp_moe() {
+    gemma4_greedy_after_images("gemma4moe-tiny");
+}
+
+fn gemma4_greedy_after_images(model_dir: &str) {
+    let fx_path = match greedy_reference(&format!("{model_dir}/vision")) {
+        Reference::Exact(p) => p,
+        Reference::OtherCodegen(p, cg) => {
+            eprintln!(
+                "skipping greedy image parity: {} was recorded with codegen {cg}, this build is {}",
+                p.display(),
+                common::codegen()
+            );
+            return;
+        }
+        Reference::None => {
+            eprintln!("skipping greedy image parity: no reference for this kernel set");
+            return;
+        }
+    };
+    eprintln!("greedy image parity EXACT against {}", fx_path.display());
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx_path).unwrap()).unwrap();
+    let Some(path) = common::model_path(fx["model"].as_str().unwrap()) else {
+        return;
+    };
+    let Some(p) = gemma4_projector() else {
+        return;
+    };
+    assert_eq!(
+        fx["mmproj_fnv1a64"],
+        gemma4_preprocess_fixture()["mmproj_fnv1a64"]
+    );
+    let model = Arc::new(Model::load(&path, LoadOptions::new(tempo9_ggml::Device::cpu())).unwrap());
+    let hp = model.hparams().clone();
+    p.check_language_model(hp.arch.name(), hp.n_embd, hp.n_deepstack)
+        .unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let (before, after) = (ids(&fx["tokens_before"]), ids(&fx["tokens_after"]));
+    let sizes = gemma4_images();
+    let enc = VisionEncoder::new(p, tempo9_ggml::Device::cpu(), 2).unwrap();
+    let images = fx["images"].as_array().unwrap();
+    assert_eq!(images.len(), 6);
+    for im in images {
+        let name = im["name"].as_str().unwrap();
+        let &(_, w, h) = sizes.iter().find(|s| s.0 == name).unwrap();
+        let emb = enc
+            .encode(&enc.projector().preprocess(&pixels(w, h)))
+            .unwrap();
+        // llama.cpp evaluated the same number of prompt positions.
+        assert_eq!(
+            im["tokens_evaluated"].as_u64().unwrap() as usize,
+            before.len() + emb.n_tokens() + after.len(),
+            "image {name}"
+        );
+        let want = ids(&im["tokens"]);
+        let groups = model.cache_groups(true);
+        let kv = model.new_kv(&groups, &[2048]).unwrap();
+        let mut exec = tempo9_models::Executor::new(tempo9_ggml::Device::cpu(), 2).unwrap();
+        let mut cell = 0;
+        gemma4_step(&model, &mut exec, &kv, cell, &before, None);
+        cell += before.len();
+        gemma4_step(&model, &mut exec, &kv, cell, &[], Some(&emb));
+        cell += emb.n_tokens();
+        let mut logits = gemma4_step(&model, &mut exec, &kv, cell, &after, None);
+        cell += after.len();
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            let tok = argmax(&logits);
+            got.push(tok);
+            logits = gemma4_step(&model, &mut exec, &kv, cell, &[tok], None);
+            cell += 1;
+        }
+        assert_eq!(
+            got,
+            want,
+            "{model_dir}, image {name} ({w}x{h}, {} tokens)",
+            emb.n_tokens()
+        );
+        eprintln!(
+            "{model_dir}, image {name}: {} image tokens, 32 greedy tokens identical",
+            emb.n_tokens()
+        );
+    }
+}

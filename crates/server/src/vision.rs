@@ -12,7 +12,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use tempo9_engine::PromptImage;
-use tempo9_models::vision::{decode, Preprocessed, VisionEncoder, VisionError};
+use tempo9_models::vision::{decode, Preprocessed, ProjectorType, VisionEncoder, VisionError};
 use tempo9_tokenizer::Tokenizer;
 
 use crate::error::{ApiError, Family};
@@ -65,24 +65,30 @@ pub fn take_image_parts(messages: &mut [Value], marker: &str) -> Vec<Value> {
 /// frame an image in its prompt.
 pub struct Vision {
     encoder: Arc<VisionEncoder>,
-    /// Tokens before an image's placeholders (Qwen3-VL: `<|vision_start|>`).
+    /// Tokens before an image's placeholders (Qwen3-VL: `<|vision_start|>`;
+    /// Gemma 4: `<|image>`).
     begin: Vec<u32>,
-    /// Tokens after them (`<|vision_end|>`).
+    /// Tokens after them (`<|vision_end|>`; `<image|>`).
     end: Vec<u32>,
-    /// The placeholder token (`<|image_pad|>`; its id is not used by the model).
+    /// The placeholder token (`<|image_pad|>`; `<|image|>`): its id is not used
+    /// by the model.
     pad: u32,
 }
 
 impl Vision {
     /// The vision of a model served with `encoder`.
     pub fn new(encoder: Arc<VisionEncoder>, tok: &Tokenizer) -> Vision {
-        // Qwen3-VL's framing, as llama.cpp's mtmd writes it for this projector.
+        // The framing llama.cpp's mtmd writes for the projector type.
+        let (begin, end, pad) = match encoder.projector().hparams().projector {
+            ProjectorType::Qwen3Vl => ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"),
+            ProjectorType::Gemma4V => ("<|image>", "<image|>", "<|image|>"),
+        };
         let special = |s: &str| tok.encode(s, false, true);
         Vision {
             encoder,
-            begin: special("<|vision_start|>"),
-            end: special("<|vision_end|>"),
-            pad: tok.token_id("<|image_pad|>").unwrap_or(0),
+            begin: special(begin),
+            end: special(end),
+            pad: tok.token_id(pad).unwrap_or(0),
         }
     }
 

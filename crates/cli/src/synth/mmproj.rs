@@ -155,7 +155,7 @@ fn tensor_shapes(sh: &ProjectorShape) -> Vec<(String, Vec<usize>)> {
 
 /// The tests' minimal GGUF v3 writer (string, u32, f32, bool and f32-array
 /// keys; F32 and F16 tensors), kept byte-identical to theirs for the tiny file.
-struct Writer {
+pub(crate) struct Writer {
     kv: Vec<u8>,
     n_kv: u64,
     /// Name, shape, ggml type (0 = F32, 1 = F16) and data.
@@ -163,7 +163,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(arch: &str) -> Writer {
+    pub(crate) fn new(arch: &str) -> Writer {
         let mut w = Writer {
             kv: Vec::new(),
             n_kv: 0,
@@ -180,28 +180,28 @@ impl Writer {
         self.n_kv += 1;
     }
 
-    fn string(&mut self, k: &str, v: &str) {
+    pub(crate) fn string(&mut self, k: &str, v: &str) {
         self.key(k, 8);
         self.kv.extend((v.len() as u64).to_le_bytes());
         self.kv.extend(v.as_bytes());
     }
 
-    fn u32(&mut self, k: &str, v: u32) {
+    pub(crate) fn u32(&mut self, k: &str, v: u32) {
         self.key(k, 4);
         self.kv.extend(v.to_le_bytes());
     }
 
-    fn f32(&mut self, k: &str, v: f32) {
+    pub(crate) fn f32(&mut self, k: &str, v: f32) {
         self.key(k, 6);
         self.kv.extend(v.to_le_bytes());
     }
 
-    fn bool(&mut self, k: &str, v: bool) {
+    pub(crate) fn bool(&mut self, k: &str, v: bool) {
         self.key(k, 7);
         self.kv.push(u8::from(v));
     }
 
-    fn f32_array(&mut self, k: &str, v: &[f32]) {
+    pub(crate) fn f32_array(&mut self, k: &str, v: &[f32]) {
         self.key(k, 9);
         self.kv.extend(6u32.to_le_bytes());
         self.kv.extend((v.len() as u64).to_le_bytes());
@@ -211,7 +211,7 @@ impl Writer {
     }
 
     /// A tensor of xorshift64 values in [-0.2, 0.2] × `scale`, stored as `ty`.
-    fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64, ty: u32, scale: f32) {
+    pub(crate) fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64, ty: u32, scale: f32) {
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n)
             .map(|_| {
@@ -228,7 +228,14 @@ impl Writer {
         self.tensors.push((name.into(), shape.to_vec(), ty, bytes));
     }
 
-    fn finish(self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+    /// A tensor of the given values, F32 (scalars such as clamp bounds).
+    pub(crate) fn tensor_values(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "{name}");
+        let bytes = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.tensors.push((name.into(), shape.to_vec(), 0, bytes));
+    }
+
+    pub(crate) fn finish(self, w: &mut impl std::io::Write) -> std::io::Result<()> {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend((self.tensors.len() as u64).to_le_bytes());

@@ -26,6 +26,7 @@ use tempo9_gguf::{GgmlType, GgufWriter, Value};
 
 mod gemma4;
 mod mmproj;
+mod mmproj_gemma4;
 mod shapes;
 mod tensors;
 mod vocab;
@@ -79,7 +80,8 @@ pub struct SynthArgs {
     /// of a language model; the other options are ignored. `qwen3vl-tiny`: the
     /// tiny Qwen3-VL projector of the vision tests, for the qwen3vl-tiny and
     /// qwen3vlmoe-tiny presets; `qwen3-vl-30b-a3b`: the published vision tower,
-    /// for the preset of that name.
+    /// for the preset of that name; `gemma4-tiny`: the tiny Gemma 4 projector, for
+    /// the gemma4-tiny and gemma4moe-tiny presets.
     #[arg(long, value_enum, value_name = "NAME")]
     projector: Option<ProjectorPreset>,
 }
@@ -95,6 +97,10 @@ enum ProjectorPreset {
     /// tests with the `qwen3-vl-30b-a3b` language model.
     #[value(name = "qwen3-vl-30b-a3b")]
     Qwen3vl30bA3b,
+    /// Gemma 4 vision (`gemma4v`), ViT of 32 wide × 2 blocks, 4-pixel patches
+    /// pooled 3×3, 128-wide output: for the gemma4-tiny and gemma4moe-tiny presets.
+    #[value(name = "gemma4-tiny")]
+    Gemma4Tiny,
 }
 
 struct Planned {
@@ -181,13 +187,17 @@ const CHUNK_VALUES: u64 = 1 << 20;
 /// Runs `tempo9 synth-gguf`.
 pub fn run(a: SynthArgs) -> Result<()> {
     if let Some(p) = a.projector {
-        let shape = match p {
-            ProjectorPreset::Qwen3vlTiny => &mmproj::TINY,
-            ProjectorPreset::Qwen3vl30bA3b => &mmproj::QWEN3_VL_30B_A3B,
-        };
         let write = || -> std::io::Result<()> {
             let mut f = std::io::BufWriter::new(std::fs::File::create(&a.out)?);
-            mmproj::write_qwen3vl(shape, &mut f)?;
+            match p {
+                ProjectorPreset::Qwen3vlTiny => mmproj::write_qwen3vl(&mmproj::TINY, &mut f)?,
+                ProjectorPreset::Qwen3vl30bA3b => {
+                    mmproj::write_qwen3vl(&mmproj::QWEN3_VL_30B_A3B, &mut f)?
+                }
+                ProjectorPreset::Gemma4Tiny => {
+                    std::io::Write::write_all(&mut f, &mmproj_gemma4::tiny_gemma4v())?
+                }
+            }
             std::io::Write::flush(&mut f)
         };
         return write().with_context(|| format!("writing {}", a.out.display()));

@@ -225,6 +225,8 @@ impl Drafter {
                     0,
                     (start, end),
                     (None, self.full_swa),
+                    // Drafts are text: causal.
+                    &|c| c,
                     &mut self.masks,
                 )],
                 ..SeqSpan::default()

@@ -31,6 +31,7 @@ mod window_tier;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use tempo9_models::vision::ImageDecoding;
 use tempo9_models::{CacheGroup, Executor, GroupKind, KvStore, Model, ModelError};
 use tempo9_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
@@ -446,6 +447,8 @@ pub(crate) struct Limits {
     /// With a vision encoder: pixels per side of one image token (a
     /// preprocessed image's sides are multiples of it).
     pub image_token_side: Option<usize>,
+    /// With a vision encoder: how the model takes an image's tokens.
+    pub image_decoding: ImageDecoding,
 }
 
 impl Limits {
@@ -612,6 +615,7 @@ impl Live {
                 .find(|&t| t > self.n_computed)
                 .unwrap_or(usize::MAX),
             blocked_at: self.images.blocked_at(self.n_computed),
+            whole: self.images.whole_span(self.n_computed),
         }
     }
 }
@@ -925,6 +929,11 @@ impl EngineCore {
             max_waiting: config.max_waiting,
             pool_tokens: n_pages * ps,
             image_token_side: config.vision.as_ref().map(|v| v.0.projector().token_side()),
+            image_decoding: config
+                .vision
+                .as_ref()
+                .map(|v| v.0.projector().decoding())
+                .unwrap_or_default(),
         };
         let mut pool = PagePool::new(n_pages, ps);
         let ssd = config
@@ -1127,7 +1136,7 @@ impl EngineCore {
         let mut sampler = Sampler::new(r.sampling);
         r.prompt.iter().for_each(|&t| sampler.accept(t));
         let side = self.limits.image_token_side.unwrap_or(1);
-        let images = Images::new(r.images, side);
+        let images = Images::new(r.images, side, self.limits.image_decoding);
         let mut prompt = r.prompt;
         images.key_prompt(&mut prompt);
         let live = Live {

@@ -205,6 +205,8 @@ impl MtpDrafter {
                     0,
                     (r.start, end),
                     (None, None),
+                    // Drafts are text: causal.
+                    &|c| c,
                     &mut self.masks,
                 )],
                 ..SeqSpan::default()

@@ -56,7 +56,10 @@ impl MaskBuffers {
 /// cells to a multiple of [`KV_WINDOW_PAD`] (capped by the group's `n_cells`: the
 /// window's cells must exist; masked cells change no row's numbers on the CPU
 /// kernels used for such windows, see tempo9_models' attention plan). `masks`: the
-/// sliding limit of the main mask, and of a second, sliding mask.
+/// sliding limit of the main mask, and of a second, sliding mask. On sliding
+/// masks, the row at `pos` also sees the cells up to `through(pos)` (an image
+/// decoded non-causally: [`crate::image::Images::sees_through`]), within the step.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn view(
     n_cells: usize,
     ps: usize,
@@ -64,6 +67,7 @@ pub(super) fn view(
     base: usize,
     (start, end): (usize, usize),
     (limit, swa): (Option<u32>, Option<u32>),
+    through: &dyn Fn(usize) -> usize,
     buffers: &mut MaskBuffers,
 ) -> KvView {
     let n_kv = (end - base).next_multiple_of(KV_WINDOW_PAD).min(n_cells);
@@ -88,9 +92,13 @@ pub(super) fn view(
     let mut mask = MaskBuilder::reusing(buffers.take(len), n_kv, n_rows);
     let mut mask_swa = swa.map(|_| MaskBuilder::reusing(buffers.take(len), n_kv, n_rows));
     for (r, pos) in (start..end).enumerate() {
-        mask.allow_prefix_from(r, pos as i32, limit, base as i32);
+        let last = through(pos).clamp(pos, end - 1) as i32;
+        match limit {
+            Some(_) => mask.allow_through_from(r, pos as i32, limit, base as i32, last),
+            None => mask.allow_prefix_from(r, pos as i32, limit, base as i32),
+        }
         if let Some(m) = mask_swa.as_mut() {
-            m.allow_prefix_from(r, pos as i32, swa, base as i32);
+            m.allow_through_from(r, pos as i32, swa, base as i32, last);
         }
     }
     KvView {
@@ -169,6 +177,7 @@ impl EngineCore {
                     0,
                     (start, end),
                     (None, full_swa),
+                    &|c| s.images.sees_through(c),
                     &mut self.mask_buffers,
                 )];
                 if let Some(slot) = state_slot {
@@ -194,6 +203,7 @@ impl EngineCore {
                         g.base,
                         (start, end),
                         (Some(window), None),
+                        &|c| s.images.sees_through(c),
                         &mut self.mask_buffers,
                     ));
                 }
@@ -236,7 +246,8 @@ impl EngineCore {
                     row_start,
                     n_rows: end - start,
                     views,
-                    tiled_prompt: s.n_prompt >= CHUNK_ALIGN && start < s.n_prompt,
+                    tiled_prompt: s.images.run_len(start, s.n_prompt) >= CHUNK_ALIGN
+                        && start < s.n_prompt,
                     state_snapshot: match scratch {
                         Some(i) => (j + 1 < n_pieces).then(|| StateSnapshot {
                             slot: self.spec_states.slot(i, j),
@@ -259,14 +270,17 @@ impl EngineCore {
             b.output_rows.push(0);
         }
         if !embeds.rows.is_empty() {
-            // Four sections, section-major: temporal, row, column, 0.
-            let n = multi.len();
-            let mut pm = Vec::with_capacity(4 * n);
-            for sec in 0..3 {
-                pm.extend(multi.iter().map(|p| p[sec]));
+            // M-RoPE models: four sections, section-major: temporal, row,
+            // column, 0 (others take the temporal position alone).
+            if hp.rope_sections.is_some() {
+                let n = multi.len();
+                let mut pm = Vec::with_capacity(4 * n);
+                for sec in 0..3 {
+                    pm.extend(multi.iter().map(|p| p[sec]));
+                }
+                pm.resize(4 * n, 0);
+                b.positions_multi = Some(pm);
             }
-            pm.resize(4 * n, 0);
-            b.positions_multi = Some(pm);
             b.embeds = Some(embeds);
         }
         b

@@ -13,7 +13,10 @@
 //! - in the MoE variant (26B-A4B), routed GELU experts beside the dense
 //!   feed-forward, each branch with its own norms.
 //!
-//! The math follows llama.cpp's `src/models/gemma4.cpp` op for op.
+//! The math follows llama.cpp's `src/models/gemma4.cpp` op for op. Image rows
+//! ([`crate::StepBatch::embeds`], from a `gemma4v` projector) enter unscaled,
+//! with token id 0 for their per-layer inputs; the non-causal attention among
+//! an image's rows on sliding layers is the caller's mask.
 
 use tempo9_ggml::Tensor;
 use tempo9_gguf::GgufFile;
@@ -184,7 +187,10 @@ impl Gemma4 {
     pub fn build<'a>(&self, b: &mut Builder<'a>) -> Tensor<'a> {
         let hp = b.hp;
         let ctx = b.ctx;
-        let mut x = b.embed(self.emb.tok_embd, Some((hp.n_embd as f32).sqrt()));
+        // Image rows take their embeddings unscaled; their per-layer inputs
+        // below read the table's row of their token id, 0 (llama.cpp's padding
+        // row for embedding inputs), and the projection of those embeddings.
+        let mut x = b.embed_inputs_scaled(self.emb.tok_embd, Some((hp.n_embd as f32).sqrt()));
         let per_layer = self
             .per_layer
             .as_ref()

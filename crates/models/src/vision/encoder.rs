@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, Scheduler};
 
+use super::gemma4v::{self, Gemma4VWeights};
 use super::mmproj::{Projector, ProjectorType};
 use super::preprocess::{PixelHash, Preprocessed};
-use super::qwen3vl::{self, GraphInputs, Qwen3VlWeights};
+use super::qwen3vl::{self, Qwen3VlWeights};
 use crate::weights::{SpecList, Weights};
 use crate::ModelError;
 
@@ -37,6 +38,12 @@ impl ImageEmbeddings {
     }
 }
 
+/// A tower's weight ids, per projector type.
+enum TowerWeights {
+    Qwen3Vl(Qwen3VlWeights),
+    Gemma4V(Gemma4VWeights),
+}
+
 /// How many encoded images the cache keeps (oldest dropped first).
 const CACHE_IMAGES: usize = 16;
 
@@ -45,7 +52,7 @@ const CACHE_IMAGES: usize = 16;
 pub struct VisionEncoder {
     projector: Projector,
     weights: Weights,
-    ids: Qwen3VlWeights,
+    ids: TowerWeights,
     sched: Mutex<Scheduler>,
     cache: Mutex<VecDeque<Arc<ImageEmbeddings>>>,
     /// Images computed (cache hits not counted).
@@ -65,15 +72,20 @@ impl VisionEncoder {
             .tensor("v.position_embd.weight")
             .map(|t| t.shape.get(1).copied().unwrap_or(0) as usize)
             .ok_or_else(|| ModelError::MissingTensor("v.position_embd.weight".into()))?;
-        let side = (n_pos_embd as f64).sqrt() as usize;
-        if side * side != n_pos_embd || n_pos_embd == 0 {
-            return Err(ModelError::BadHParams(format!(
-                "v.position_embd.weight has {n_pos_embd} positions, not a square grid"
-            )));
-        }
         let mut specs = SpecList::default();
         let ids = match hp.projector {
-            ProjectorType::Qwen3Vl => Qwen3VlWeights::declare(&hp, n_pos_embd, &mut specs),
+            ProjectorType::Qwen3Vl => {
+                let side = (n_pos_embd as f64).sqrt() as usize;
+                if side * side != n_pos_embd || n_pos_embd == 0 {
+                    return Err(ModelError::BadHParams(format!(
+                        "v.position_embd.weight has {n_pos_embd} positions, not a square grid"
+                    )));
+                }
+                TowerWeights::Qwen3Vl(Qwen3VlWeights::declare(&hp, n_pos_embd, &mut specs))
+            }
+            ProjectorType::Gemma4V => {
+                TowerWeights::Gemma4V(Gemma4VWeights::declare(&hp, &file, &mut specs)?)
+            }
         };
         let weights = Weights::load(&file, specs.specs(), device, false, &mut |_, _| {})?;
         let mut backends = Vec::new();
@@ -155,17 +167,37 @@ impl VisionEncoder {
         let n_out = px * py / (hp.n_merge * hp.n_merge);
         let nodes = 64 + 48 * hp.n_layer;
         let ctx = Context::new(nodes * 2, nodes)?;
-        let inp = GraphInputs {
-            image: ctx.new_input(
-                "inp_raw",
-                DType::F32,
-                &[img.width as i64, img.height as i64, 3],
-            ),
-            positions: ctx.new_input("positions", DType::I32, &[4 * (px * py) as i64]),
-        };
-        let out = match hp.projector {
-            ProjectorType::Qwen3Vl => {
-                qwen3vl::build(&ctx, hp, &self.ids, &self.weights, &inp, (px, py))
+        let image = ctx.new_input(
+            "inp_raw",
+            DType::F32,
+            &[img.width as i64, img.height as i64, 3],
+        );
+        let n_patches = (px * py) as i64;
+        // The tower's graph and its I32 inputs with their values.
+        let (out, int_inputs) = match &self.ids {
+            TowerWeights::Qwen3Vl(ids) => {
+                let inp = qwen3vl::GraphInputs {
+                    image,
+                    positions: ctx.new_input("positions", DType::I32, &[4 * n_patches]),
+                };
+                let out = qwen3vl::build(&ctx, hp, ids, &self.weights, &inp, (px, py));
+                (out, vec![(inp.positions, qwen3vl::positions(px, py))])
+            }
+            TowerWeights::Gemma4V(ids) => {
+                let side = ids.max_patches_per_side();
+                if px > side || py > side {
+                    return Err(ModelError::BadBatch(format!(
+                        "image of {px}x{py} patches: the position tables cover {side} per side"
+                    )));
+                }
+                let inp = gemma4v::GraphInputs {
+                    image,
+                    pos_x: ctx.new_input("pos_x", DType::I32, &[n_patches]),
+                    pos_y: ctx.new_input("pos_y", DType::I32, &[n_patches]),
+                };
+                let out = gemma4v::build(&ctx, hp, ids, &self.weights, &inp, (px, py));
+                let (xs, ys) = gemma4v::positions(px, py);
+                (out, vec![(inp.pos_x, xs), (inp.pos_y, ys)])
             }
         };
         out.set_output();
@@ -174,8 +206,10 @@ impl VisionEncoder {
         let mut sched = self.sched.lock().unwrap_or_else(|e| e.into_inner());
         sched.reserve(2 * graph.n_nodes() + 64)?;
         sched.alloc_with_inputs(&ctx, &graph)?;
-        inp.image.write(&img.planar)?;
-        inp.positions.write(&qwen3vl::positions(px, py))?;
+        image.write(&img.planar)?;
+        for (t, v) in &int_inputs {
+            t.write(v)?;
+        }
         sched.compute(&graph)?;
         let n_embd = out.ne()[0] as usize;
         if n_embd != hp.n_embd_out() || out.ne()[1] as usize != n_out {

@@ -17,21 +17,38 @@ pub enum ProjectorType {
     /// Qwen3-VL: ViT with 2-D M-RoPE and learned positions, 2×2 patch merger,
     /// deepstack features from some ViT layers (`qwen3vl_merger`).
     Qwen3Vl,
+    /// Gemma 4: ViT with RMS sandwich norms and 2-D NeoX rope, learned x/y
+    /// position tables, `n_merge × n_merge` average pooling and a linear
+    /// projection (`gemma4v`).
+    Gemma4V,
 }
 
 impl ProjectorType {
+    const ALL: [ProjectorType; 2] = [ProjectorType::Qwen3Vl, ProjectorType::Gemma4V];
+
     /// The name in the file.
     pub fn name(self) -> &'static str {
         match self {
             ProjectorType::Qwen3Vl => "qwen3vl_merger",
+            ProjectorType::Gemma4V => "gemma4v",
         }
     }
 
     fn from_name(name: &str) -> Option<ProjectorType> {
-        [ProjectorType::Qwen3Vl]
-            .into_iter()
-            .find(|p| p.name() == name)
+        ProjectorType::ALL.into_iter().find(|p| p.name() == name)
     }
+}
+
+/// The ViT feed-forward's activation (llama.cpp: `clip.use_gelu` /
+/// `clip.use_silu`, else the quick GELU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnAct {
+    /// GELU, tanh approximation.
+    Gelu,
+    /// SiLU.
+    Silu,
+    /// `x * sigmoid(1.702 x)`.
+    GeluQuick,
 }
 
 /// Vision-tower hyper-parameters, with the defaults llama.cpp applies per
@@ -56,8 +73,12 @@ pub struct VisionHParams {
     pub patch_size: usize,
     /// Side of the square the learned position embeddings were trained on.
     pub image_size: usize,
-    /// Patches merged per side into one language-model token.
+    /// Patches merged (Qwen3-VL) or pooled (Gemma 4) per side into one
+    /// language-model token.
     pub n_merge: usize,
+    /// The ViT feed-forward's activation (used by Gemma 4's gated one; Qwen3-VL's
+    /// files say GELU).
+    pub ffn_act: FfnAct,
     /// Per channel, subtracted from pixels in [0, 1] ...
     pub image_mean: [f32; 3],
     /// ... and divided by this.
@@ -109,9 +130,10 @@ impl VisionHParams {
                 .ok_or_else(|| bad("missing clip.projector_type".into()))?,
         };
         let projector = ProjectorType::from_name(ty_name).ok_or_else(|| {
+            let names: Vec<_> = ProjectorType::ALL.iter().map(|p| p.name()).collect();
             bad(format!(
                 "projector type '{ty_name}' is not supported (supported: {})",
-                ProjectorType::Qwen3Vl.name()
+                names.join(", ")
             ))
         })?;
         let u = |k: &str| -> Result<usize, VisionError> {
@@ -152,14 +174,38 @@ impl VisionHParams {
             .ok_or_else(|| bad("missing clip.vision.attention.layer_norm_epsilon".into()))?;
         let n_layer = u("clip.vision.block_count")?;
         let patch_size = u("clip.vision.patch_size")?;
-        // As llama.cpp for the Qwen-VL family: merge 2 unless the file says.
-        let n_merge = opt_u("clip.vision.spatial_merge_size")?.unwrap_or(2) as usize;
-        if n_merge != 2 {
-            return Err(bad(format!(
-                "spatial_merge_size {n_merge}: the Qwen3-VL merger takes 2x2 patches"
-            )));
-        }
-        // llama.cpp's budget for Qwen-VL: 8 to 4096 merged tokens.
+        // llama.cpp's defaults per type (clip.cpp's load_hparams): the merge or
+        // pooling side and the token budget of the dyn-size preprocessor.
+        let (n_merge, (min_tokens, max_tokens)) = match projector {
+            ProjectorType::Qwen3Vl => {
+                let n = opt_u("clip.vision.spatial_merge_size")?.unwrap_or(2) as usize;
+                if n != 2 {
+                    return Err(bad(format!(
+                        "spatial_merge_size {n}: the Qwen3-VL merger takes 2x2 patches"
+                    )));
+                }
+                (n, (8, 4096))
+            }
+            ProjectorType::Gemma4V => {
+                let n = opt_u("clip.vision.projector.scale_factor")?.unwrap_or(3) as usize;
+                if n == 0 {
+                    return Err(bad("clip.vision.projector.scale_factor is 0".into()));
+                }
+                (n, (70, 1120))
+            }
+        };
+        let flag = |k: &str| -> Result<bool, VisionError> {
+            Ok(md
+                .get_bool(k)
+                .map_err(|e| bad(e.to_string()))?
+                .unwrap_or(false))
+        };
+        let ffn_act = match (flag("clip.use_gelu")?, flag("clip.use_silu")?) {
+            (true, true) => return Err(bad("both clip.use_gelu and clip.use_silu are set".into())),
+            (true, false) => FfnAct::Gelu,
+            (false, true) => FfnAct::Silu,
+            (false, false) => FfnAct::GeluQuick,
+        };
         let patch_area = (patch_size * patch_size * n_merge * n_merge) as u64;
         let deepstack_layers = (0..n_layer)
             .filter(|il| {
@@ -178,14 +224,29 @@ impl VisionHParams {
             patch_size,
             image_size: u("clip.vision.image_size")?,
             n_merge,
+            ffn_act,
             image_mean: triple("clip.vision.image_mean")?,
             image_std,
-            min_pixels: 8 * patch_area,
-            max_pixels: 4096 * patch_area,
+            min_pixels: min_tokens * patch_area,
+            max_pixels: max_tokens * patch_area,
             resample: Resample::Bicubic,
             deepstack_layers,
         })
     }
+}
+
+/// How the language model takes an image's tokens, as llama.cpp's `mtmd`
+/// decodes them for the projector type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImageDecoding {
+    /// M-RoPE positions: image token `i` of an `n_x × n_y` grid from position
+    /// `p` at `(p, p + i / n_x, p + i % n_x)`, the text after it from
+    /// `p + max(n_x, n_y)` (Qwen3-VL). Else one position per token, as text.
+    pub mrope: bool,
+    /// The image's tokens attend to each other both ways, decoded in one
+    /// batch (`mtmd_decode_use_non_causal`; Gemma 4 applies it to its sliding
+    /// layers only). An image's tokens must then be computed in one step.
+    pub non_causal: bool,
 }
 
 /// A projector file: its hyper-parameters and the file (the encoder's weights
@@ -215,6 +276,21 @@ impl Projector {
         &self.hp
     }
 
+    /// How its images' tokens are decoded by the language model.
+    pub fn decoding(&self) -> ImageDecoding {
+        match self.hp.projector {
+            ProjectorType::Qwen3Vl => ImageDecoding {
+                mrope: true,
+                non_causal: false,
+            },
+            // llama.cpp keeps Gemma 4 E2B and E4B (2560 and 1536 wide) causal.
+            ProjectorType::Gemma4V => ImageDecoding {
+                mrope: false,
+                non_causal: !matches!(self.hp.projection_dim, 1536 | 2560),
+            },
+        }
+    }
+
     /// The file the weights come from.
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
@@ -234,6 +310,8 @@ impl Projector {
         let mismatch = |m: String| Err(VisionError::Mismatch(m));
         let family: &[&str] = match hp.projector {
             ProjectorType::Qwen3Vl => &["qwen3vl", "qwen3vlmoe"],
+            // The dense and the MoE Gemma 4 share the architecture name.
+            ProjectorType::Gemma4V => &["gemma4"],
         };
         if !family.contains(&arch) {
             return mismatch(format!(

@@ -11,6 +11,7 @@
 
 mod decode;
 mod encoder;
+mod gemma4v;
 mod mmproj;
 mod preprocess;
 mod qwen3vl;
@@ -18,7 +19,7 @@ mod resize;
 
 pub use decode::{decode, DecodedImage, MAX_DECODED_PIXELS};
 pub use encoder::{ImageEmbeddings, VisionEncoder};
-pub use mmproj::{Projector, ProjectorType, VisionHParams};
+pub use mmproj::{FfnAct, ImageDecoding, Projector, ProjectorType, VisionHParams};
 pub use preprocess::{PixelHash, Preprocessed};
 pub use resize::{smart_resize, Resample};
 

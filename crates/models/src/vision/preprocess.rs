@@ -80,9 +80,10 @@ impl Projector {
     pub fn preprocess(&self, img: &DecodedImage) -> Preprocessed {
         let hp = self.hparams();
         let (w, h) = match hp.projector {
-            // `mtmd`'s dynamic-size preprocessor: smart resize aligned to
-            // patch × merge, then a padded (aspect-keeping) resample.
-            ProjectorType::Qwen3Vl => smart_resize(
+            // `mtmd`'s dynamic-size preprocessor for both: smart resize aligned
+            // to patch × merge (Gemma 4: × pooling), then a padded
+            // (aspect-keeping) resample.
+            ProjectorType::Qwen3Vl | ProjectorType::Gemma4V => smart_resize(
                 img.width,
                 img.height,
                 (hp.patch_size * hp.n_merge) as u32,
