@@ -211,7 +211,14 @@ impl Writer {
     }
 
     /// A tensor of xorshift64 values in [-0.2, 0.2] × `scale`, stored as `ty`.
-    pub(crate) fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64, ty: u32, scale: f32) {
+    pub(crate) fn tensor(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        seed: &mut u64,
+        ty: u32,
+        scale: f32,
+    ) {
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n)
             .map(|_| {
