@@ -33,9 +33,15 @@ def answers(args, flags):
     port = free_port()
     cmd = [args.tempo9, "serve", "--gguf", args.gguf, "--mmproj", args.mmproj,
            "--host", "127.0.0.1", "--port", str(port)] + shlex.split(flags)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(os.path.join(args.log_dir, "tempo9-%d.log" % port), "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_health(port, proc, 300)
+        try:
+            wait_health(port, proc, 300)
+        except RuntimeError:
+            log.seek(0)
+            sys.stderr.write(log.read()[-4000:])
+            raise
         out = []
         for k, (w, h) in enumerate(SIZES):
             url = "data:image/png;base64," + base64.b64encode(png(w, h, k)).decode()
@@ -58,6 +64,7 @@ def main():
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--mmproj", required=True)
     ap.add_argument("--config", action="append", required=True, help="NAME:FLAGS (the first is the reference)")
+    ap.add_argument("--log-dir", default=".", help="the servers' logs go here")
     args = ap.parse_args()
     ref = None
     for c in args.config:

@@ -127,6 +127,14 @@ if [ -f "$voc/ggml-vocab-qwen35.gguf" ]; then
 else
     echo "no $voc/ggml-vocab-qwen35.gguf (scripts/fetch-models.sh vocab): run-h200.sh qwen and hybridbench need it" >&2
 fi
+# Gemma 4's vocabulary and template (run-h200.sh vision32g: its image markers are
+# control tokens of that vocabulary).
+if [ -f "$voc/ggml-vocab-gemma-4.gguf" ]; then
+    mkdir -p "$root/.gpu-carry/vocab/templates"
+    # Packed (16 MB -> 3): the carry limit.
+    xz -T0 -c "$voc/ggml-vocab-gemma-4.gguf" >"$root/.gpu-carry/vocab/ggml-vocab-gemma-4.gguf.xz"
+    cp "$voc/templates/google-gemma-4-31B-it.jinja" "$root/.gpu-carry/vocab/templates/"
+fi
 du -sh "$root/.ggml-src" "$root/.gpu-carry" "$root"/.llama-src "$root"/.llama-server 2>/dev/null || true
 xz -dc "$root/.gpu-carry/tempo9.xz" >"$root/.gpu-carry/.tempo9-check" && chmod +x "$root/.gpu-carry/.tempo9-check" \
     && "$root/.gpu-carry/.tempo9-check" --version; rm -f "$root/.gpu-carry/.tempo9-check"

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 vision32 pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 vision32 vision32g pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -107,6 +107,9 @@
 #           with .llama-src, llama-mtmd-cli's encode time on the same files.
 #           VISION32_SIZE (default 768x768), VISION32_WINDOW (s, default 15),
 #           VISION32_REPS (repetitions, alternating the variants' order; default 1)
+#   vision32g  the tiny Gemma 4 pair (gemma4-tiny with Gemma 4's vocabulary and template from
+#           .gpu-carry/vocab, and its tiny gemma4v projector): greedy answers about 5 images
+#           on CUDA against the CPU (bench/vision/gpu_vs_cpu.py)
 #   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
@@ -863,6 +866,21 @@ if has vision32; then
         --variant "cpu:--vision-device cpu" \
         2>>"$out/run.log" | tee -a "$out/vision32.jsonl"
     tar -C "$work" -czf "$out/vision32-logs.tar.gz" vision32-logs
+fi
+
+if has vision32g; then
+    say vision32g
+    gt="$work/gemma4-tiny-vocab.gguf"; gp="$work/mmproj-gemma4-tiny.gguf"
+    xz -dc "$root/.gpu-carry/vocab/ggml-vocab-gemma-4.gguf.xz" >"$work/ggml-vocab-gemma-4.gguf"
+    $T synth-gguf --preset gemma4-tiny --vocab "$work/ggml-vocab-gemma-4.gguf" \
+        --template "$root/.gpu-carry/vocab/templates/google-gemma-4-31B-it.jinja" --quant q8_0 --seed 1 \
+        --out "$gt" >>"$out/run.log" 2>&1
+    $T synth-gguf --projector gemma4-tiny --out "$gp" >>"$out/run.log" 2>&1
+    python3 "$root/bench/vision/gpu_vs_cpu.py" --tempo9 "$T" --gguf "$gt" --mmproj "$gp" \
+        --config "cpu:--device cpu --vision-device cpu" \
+        --config "cuda:--device cuda --vision-device same" \
+        --config "cuda-lm-cpu-encoder:--device cuda --vision-device cpu" \
+        --log-dir "$out" 2>>"$out/run.log" | tee -a "$out/vision32-gemma4.jsonl"
 fi
 
 if has pack; then

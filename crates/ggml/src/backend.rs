@@ -281,7 +281,10 @@ impl Device {
         let Ok(ctx) = Context::new(2, 0) else {
             return false;
         };
-        let ids = ctx.new_tensor(DType::I32, &[8]);
+        // ggml_get_rows takes one index row per matrix of a 3-D or 4-D weight (e.g.
+        // Gemma 4 vision's two position tables): the probe's indices must match.
+        let ne = weight.ne();
+        let ids = ctx.new_tensor(DType::I32, &[8, ne[2], ne[3]]);
         let op = ctx.get_rows(weight, ids);
         self.supports_op(op)
     }
@@ -901,5 +904,22 @@ impl Drop for Scheduler {
     fn drop(&mut self) {
         // SAFETY: we own the scheduler; backends are dropped after it.
         unsafe { sys::ggml_backend_sched_free(self.ptr.as_ptr()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The row-lookup probe takes weights of any rank: a 3-D table (Gemma 4
+    /// vision's x and y position tables) aborted inside ggml_get_rows before.
+    #[test]
+    fn get_rows_probe_takes_3d_weights() {
+        let ctx = Context::new(4, 0).unwrap();
+        let cpu = Device::cpu();
+        for shape in [&[16, 4][..], &[16, 4, 2], &[16, 4, 2, 3]] {
+            let w = ctx.new_tensor(DType::F32, shape);
+            assert!(cpu.supports_get_rows(w), "{shape:?}");
+        }
     }
 }
