@@ -274,9 +274,9 @@ fn matmul_decode(view: &KvView) -> bool {
 
 impl<'b> Planner<'b> {
     /// The ops of consecutive decode rows `run`: strided groups of rows whose
-    /// windows ascend on a common grid, own ops for the others, or one gathered op
-    /// for them all when that would take more than one op and their windows fit
-    /// [`GATHER_MAX_CELLS`].
+    /// windows ascend on a common grid, own ops for the others, or, when that
+    /// would take more than one op, gathered ops of as many rows as
+    /// [`GATHER_MAX_CELLS`] allows (if fewer ops).
     fn decode_run(&self, run: &[usize], ops: &mut Vec<AttnOp<'b>>) {
         let mut planned = Vec::new();
         let mut group: Vec<Member> = Vec::new();
@@ -295,8 +295,13 @@ impl<'b> Planner<'b> {
         }
         self.flush(&mut group, &mut planned);
         if self.gather && planned.len() > 1 {
-            if let Some(op) = self.gathered_op(run) {
-                ops.push(op);
+            // As many rows per gathered op as GATHER_MAX_CELLS allows, when that
+            // still takes fewer ops.
+            let view = |i: usize| &self.batch.seqs[i].views[self.cg];
+            let width = run.iter().map(|&i| view(i).n_kv()).max().unwrap_or(0);
+            let per_op = GATHER_MAX_CELLS / width.next_multiple_of(GATHER_GRANULE).max(1);
+            if per_op >= 2 && run.len().div_ceil(per_op) < planned.len() {
+                ops.extend(run.chunks(per_op).filter_map(|c| self.gathered_op(c)));
                 return;
             }
         }
@@ -639,6 +644,17 @@ mod tests {
         let ops = super::plan(&grid, 0, 512, true);
         assert_eq!(ops.len(), 1);
         assert!(ops[0].gather.is_none());
+        // More rows than one gathered op holds: as many ops as needed, each full.
+        let many: Vec<SeqSpan> = (0..40)
+            .map(|i| decode(i, &[(i * 5000 + 3000, 1000), (i * 5000, 1000)], 1999))
+            .collect();
+        let many = batch(many);
+        let ops = super::plan(&many, 0, 1 << 20, false);
+        let per_op = GATHER_MAX_CELLS / 2048;
+        assert_eq!(ops.len(), 40usize.div_ceil(per_op));
+        assert!(ops.iter().all(|o| o.gather.is_some()));
+        assert_eq!(ops[0].n_rows, per_op);
+        assert_eq!(ops[1].row_start, per_op);
         // Windows too long to copy keep their ops (here one each: they do not
         // ascend).
         let long: Vec<SeqSpan> = (0..2)
