@@ -78,6 +78,22 @@ def png(w, h, salt):
             + chunk(b"IDAT", zlib.compress(bytes(rows), 1)) + chunk(b"IEND", b""))
 
 
+def image_question(text, w, h, salt):
+    """A user message asking `text` about a new w×h PNG (pixels from `salt`)."""
+    url = "data:image/png;base64," + base64.b64encode(png(w, h, salt)).decode()
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        {"type": "image_url", "image_url": {"url": url}}]}
+
+
+def stop_server(proc):
+    """Ends a server started with Popen (killed if it does not stop in 60 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def post(port, path, body, timeout=600):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -164,14 +180,12 @@ def imager(port, every, size, stop, lat, salt0, text_words=None):
     while not stop.is_set():
         k += 1
         if text_words is None:
-            url = "data:image/png;base64," + base64.b64encode(png(size[0], size[1], k)).decode()
-            content = [{"type": "text", "text": "What is in this picture?"},
-                       {"type": "image_url", "image_url": {"url": url}}]
+            message = image_question("What is in this picture?", size[0], size[1], k)
         else:
-            content = text_of(text_words, k)
+            message = {"role": "user", "content": text_of(text_words, k)}
         body = {
             "model": "m",
-            "messages": [{"role": "user", "content": content}],
+            "messages": [message],
             "max_tokens": 1,
             "temperature": 0,
         }
@@ -205,10 +219,8 @@ def run_variant(args, name, flags):
     try:
         wait_health(port, proc, 600)
         # Warm: one image request (the encoder's first graph and allocations).
-        first = {"model": "m", "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "warm"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(
-                png(args.size[0], args.size[1], 99_999)).decode()}}]}], "max_tokens": 1}
+        first = {"model": "m", "max_tokens": 1,
+                 "messages": [image_question("warm", args.size[0], args.size[1], 99_999)]}
         warm = post(port, "/v1/chat/completions", first)
         text_words = None
         if name.startswith("text"):
@@ -260,11 +272,7 @@ def run_variant(args, name, flags):
             "stream_errors": sum(s.errors for s in streams),
         }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
         log.close()
 
 
@@ -305,18 +313,12 @@ def llama_encode(args):
         wait_health(port, proc, 600)
         lat = []
         for k in range(args.llama_images):
-            url = "data:image/png;base64," + base64.b64encode(png(args.size[0], args.size[1], 50_000 + k)).decode()
             t0 = time.time()
             post(port, "/v1/chat/completions", {"model": "m", "max_tokens": 1, "temperature": 0, "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
-                                             {"type": "image_url", "image_url": {"url": url}}]}]})
+                image_question("What is in this picture?", args.size[0], args.size[1], 50_000 + k)]})
             lat.append(time.time() - t0)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
         log.close()
     ms = encode_ms_from_log(open(path).read())
     # The first encode includes the graph's first allocation: the rest are steady.

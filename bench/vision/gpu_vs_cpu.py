@@ -15,7 +15,6 @@ only (it runs on the GPU machine). One JSON line per configuration on stdout.
 """
 
 import argparse
-import base64
 import json
 import os
 import shlex
@@ -23,7 +22,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from encode_while_decode import free_port, png, post, wait_health  # noqa: E402
+from encode_while_decode import free_port, image_question, post, stop_server, wait_health  # noqa: E402
 
 # Sizes as the vision fixtures vary them: upscaled, tall, wide, downscaled.
 SIZES = [(20, 20), (64, 48), (40, 120), (150, 30), (300, 200)]
@@ -44,18 +43,15 @@ def answers(args, flags):
             raise
         out = []
         for k, (w, h) in enumerate(SIZES):
-            url = "data:image/png;base64," + base64.b64encode(png(w, h, k)).decode()
             r = post(port, "/v1/chat/completions", {
                 "model": "m", "max_tokens": 32, "temperature": 0, "logprobs": True, "top_logprobs": 2,
-                "messages": [{"role": "user", "content": [
-                    {"type": "text", "text": "Describe this picture."},
-                    {"type": "image_url", "image_url": {"url": url}}]}]})
+                "messages": [image_question("Describe this picture.", w, h, k)]})
             lp = r["choices"][0]["logprobs"]["content"]
             out.append([(t["token"], t["logprob"], [x["logprob"] for x in t["top_logprobs"]]) for t in lp])
         return out
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop_server(proc)
+        log.close()
 
 
 def main():

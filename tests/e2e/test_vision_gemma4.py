@@ -10,20 +10,16 @@ evaluated."""
 import base64
 import json
 import os
-import re
-import sys
 
 import anthropic
-import httpx
 import ollama
 import openai
 import pytest
 
 from conftest import MODELS, Server
+from test_vision import encoded, image_png, user_with_image  # the same helpers
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "scripts", "fixtures"))
-from vision_fixtures import pixels, png  # noqa: E402  (the fixtures' test images)
 
 MODEL = "gemma4-tiny.gguf"
 MMPROJ = os.path.join(MODELS, "mmproj-gemma4-tiny.gguf")
@@ -41,28 +37,9 @@ def g4():
     s.stop()
 
 
-def image_png(w=64, h=48, salt=0):
-    rgb = bytearray(pixels(w, h))
-    rgb[0] = (rgb[0] + salt) % 256
-    return png(w, h, bytes(rgb))
-
-
-def data_url(data):
-    return "data:image/png;base64," + base64.b64encode(data).decode()
-
-
-def encoded(srv):
-    text = httpx.get(srv.base + "/metrics").text
-    return int(re.search(r"^tempo9_engine_images_encoded_total (\d+)", text, re.M).group(1))
-
-
 def oai(srv):
+    # Gemma 4's tiny model answers slower than Qwen3-VL's: a longer timeout.
     return openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0, timeout=300)
-
-
-def user_with_image(text, data):
-    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(data)}},
-                                         {"type": "text", "text": text}]}
 
 
 def test_openai_image_url(g4):

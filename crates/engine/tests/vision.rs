@@ -96,6 +96,36 @@ fn exact_greedy_fixture(model_dir: &str) -> Option<serde_json::Value> {
         })
 }
 
+/// A greedy fixture's image requests (its text before, the image at the size the
+/// preprocessing fixture `pre` records for it, its text after; 32 tokens) and
+/// each image's name and recorded tokens.
+fn fixture_requests(
+    enc: &VisionEncoder,
+    fx: &serde_json::Value,
+    pre: &str,
+) -> (Vec<Request>, Vec<(String, Vec<u32>)>) {
+    let pre = fixture(pre);
+    let (before, after) = (ids(&fx["tokens_before"]), ids(&fx["tokens_after"]));
+    let mut reqs = Vec::new();
+    let mut want = Vec::new();
+    for im in fx["images"].as_array().unwrap() {
+        let name = im["name"].as_str().unwrap();
+        let size = pre["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap();
+        let (w, h) = (
+            size["width"].as_u64().unwrap() as u32,
+            size["height"].as_u64().unwrap() as u32,
+        );
+        reqs.push(image_request(enc, &before, &pixels(w, h, 0), &after, 32));
+        want.push((name.to_string(), ids(&im["tokens"])));
+    }
+    (reqs, want)
+}
+
 /// The six images of the fixture through the engine (text, image and text in
 /// one prompt, computed in the engine's own pieces, positions from the image
 /// on as mtmd assigns them), all at once: 32 greedy tokens each as llama.cpp's.
@@ -110,31 +140,7 @@ fn greedy_after_an_image_matches_llama_cpp() {
         );
         return;
     };
-    let pre = fixture("qwen3vl-tiny/vision/preprocess.json");
-    let (before, after) = (ids(&fx["tokens_before"]), ids(&fx["tokens_after"]));
-    let mut reqs = Vec::new();
-    let mut want = Vec::new();
-    for im in fx["images"].as_array().unwrap() {
-        let name = im["name"].as_str().unwrap();
-        let size = pre["images"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == name)
-            .unwrap();
-        let (w, h) = (
-            size["width"].as_u64().unwrap(),
-            size["height"].as_u64().unwrap(),
-        );
-        reqs.push(image_request(
-            &enc,
-            &before,
-            &pixels(w as u32, h as u32, 0),
-            &after,
-            32,
-        ));
-        want.push((name.to_string(), ids(&im["tokens"])));
-    }
+    let (reqs, want) = fixture_requests(&enc, &fx, "qwen3vl-tiny/vision/preprocess.json");
     let mut core = engine(&model, Some(&enc));
     let outs = run_batch(&mut core, reqs);
     for ((name, want), out) in want.iter().zip(&outs) {
@@ -362,25 +368,7 @@ fn gemma4_greedy_through_the_engine(model_dir: &str) {
         );
         return;
     };
-    let pre = fixture("gemma4-tiny/vision/preprocess.json");
-    let (before, after) = (ids(&fx["tokens_before"]), ids(&fx["tokens_after"]));
-    let mut reqs = Vec::new();
-    let mut want = Vec::new();
-    for im in fx["images"].as_array().unwrap() {
-        let name = im["name"].as_str().unwrap();
-        let size = pre["images"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == name)
-            .unwrap();
-        let (w, h) = (
-            size["width"].as_u64().unwrap() as u32,
-            size["height"].as_u64().unwrap() as u32,
-        );
-        reqs.push(image_request(&enc, &before, &pixels(w, h, 0), &after, 32));
-        want.push((name.to_string(), ids(&im["tokens"])));
-    }
+    let (reqs, want) = fixture_requests(&enc, &fx, "gemma4-tiny/vision/preprocess.json");
     let config = EngineConfig {
         threads: 2,
         kv_budget_bytes: Some(256 << 20),

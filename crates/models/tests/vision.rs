@@ -239,6 +239,26 @@ fn preprocess_matches_llama_cpp_bit_for_bit() {
     let p = load(bytes).unwrap();
     let images = fixture["images"].as_array().unwrap();
     assert_eq!(images.len(), 6);
+    assert_preprocessed_as_recorded(&p, images);
+}
+
+/// Reads a `.emb.f32` fixture: (n_tokens, n_embd, values).
+fn read_emb(path: &std::path::Path) -> (usize, usize, Vec<f32>) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let n = i32::from_le_bytes(b[0..4].try_into().unwrap()) as usize;
+    let d = i32::from_le_bytes(b[4..8].try_into().unwrap()) as usize;
+    let v: Vec<f32> = b[8..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(v.len(), n * d);
+    (n, d, v)
+}
+
+/// Each recorded image (its size) preprocessed by `p`: the resized size and the
+/// FNV-1a-64 of the f32 pixels, RGB-interleaved as llama.cpp's clip_image_f32
+/// (ours are planar), as recorded.
+fn assert_preprocessed_as_recorded(p: &Projector, images: &[serde_json::Value]) {
     for im in images {
         let (w, h) = (
             im["width"].as_u64().unwrap() as u32,
@@ -264,19 +284,6 @@ fn preprocess_matches_llama_cpp_bit_for_bit() {
             im["first"]
         );
     }
-}
-
-/// Reads a `.emb.f32` fixture: (n_tokens, n_embd, values).
-fn read_emb(path: &std::path::Path) -> (usize, usize, Vec<f32>) {
-    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let n = i32::from_le_bytes(b[0..4].try_into().unwrap()) as usize;
-    let d = i32::from_le_bytes(b[4..8].try_into().unwrap()) as usize;
-    let v: Vec<f32> = b[8..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    assert_eq!(v.len(), n * d);
-    (n, d, v)
 }
 
 /// How a recorded reference relates to this build: ggml's CPU kernels (the
@@ -307,11 +314,11 @@ fn select(candidates: Vec<(std::path::PathBuf, String, String)>) -> Reference {
     }
 }
 
-/// The encoder-output references: directories under `vision/` whose
+/// The encoder-output references: directories under `vision_dir` whose
 /// `meta.json` names the kernel set and codegen they were recorded with.
-fn embedding_reference() -> Reference {
+fn embedding_reference(vision_dir: std::path::PathBuf) -> Reference {
     let mut found = Vec::new();
-    for e in std::fs::read_dir(fixture_dir()).unwrap().flatten() {
+    for e in std::fs::read_dir(vision_dir).unwrap().flatten() {
         let meta = e.path().join("meta.json");
         let Ok(text) = std::fs::read_to_string(&meta) else {
             continue;
@@ -356,7 +363,7 @@ fn greedy_reference(model_dir: &str) -> Reference {
 #[test]
 fn encoder_matches_llama_cpp_clip() {
     let here = tempo9_ggml::KernelSet::current().short_name();
-    let (dir, tolerance) = match embedding_reference() {
+    let (dir, tolerance) = match embedding_reference(fixture_dir()) {
         Reference::Exact(d) => {
             eprintln!("encoder parity EXACT against {}", d.display());
             (d, 1e-5)
@@ -783,30 +790,7 @@ fn gemma4v_preprocess_matches_llama_cpp_bit_for_bit() {
     let fixture = gemma4_preprocess_fixture();
     let images = fixture["images"].as_array().unwrap();
     assert_eq!(images.len(), 6);
-    for im in images {
-        let (w, h) = (
-            im["width"].as_u64().unwrap() as u32,
-            im["height"].as_u64().unwrap() as u32,
-        );
-        let pre = p.preprocess(&pixels(w, h));
-        let want = [
-            im["resized"][0].as_u64().unwrap(),
-            im["resized"][1].as_u64().unwrap(),
-        ];
-        assert_eq!([pre.width as u64, pre.height as u64], want, "{w}x{h}");
-        let n = pre.width * pre.height;
-        let interleaved: Vec<u8> = (0..n)
-            .flat_map(|i| (0..3).map(move |c| c * n + i))
-            .flat_map(|j| pre.planar[j].to_le_bytes())
-            .collect();
-        assert_eq!(
-            im["fnv1a64"].as_str().unwrap(),
-            format!("{:016x}", fnv1a64(&interleaved)),
-            "{w}x{h}: first values {:?} vs llama.cpp's {}",
-            &pre.planar[..2],
-            im["first"]
-        );
-    }
+    assert_preprocessed_as_recorded(&p, images);
 }
 
 /// The `gemma4v` tower (patch convolution, x/y position tables, ViT blocks
@@ -816,19 +800,7 @@ fn gemma4v_preprocess_matches_llama_cpp_bit_for_bit() {
 /// (relative to the largest value) against another codegen's.
 #[test]
 fn gemma4v_encoder_matches_llama_cpp_clip() {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir(gemma4_fixture_dir()).unwrap().flatten() {
-        let Ok(text) = std::fs::read_to_string(e.path().join("meta.json")) else {
-            continue;
-        };
-        let m: serde_json::Value = serde_json::from_str(&text).unwrap();
-        found.push((
-            e.path(),
-            m["kernel_set"]["fingerprint"].as_str().unwrap().to_string(),
-            m["codegen"].as_str().unwrap().to_string(),
-        ));
-    }
-    let (dir, tolerance) = match select(found) {
+    let (dir, tolerance) = match embedding_reference(gemma4_fixture_dir()) {
         Reference::Exact(d) => (d, 1e-6),
         Reference::OtherCodegen(d, _) => (d, 1e-4),
         Reference::None => {
