@@ -253,4 +253,17 @@ pub trait TokenConstraint: Send {
     fn accept(&mut self, token: u32) -> Result<(), String>;
     /// Whether the constrained output is complete and nothing more may follow.
     fn is_finished(&self) -> bool;
+    /// Tokens the constraint forces next whatever the model says (e.g. the rest of
+    /// a JSON key), without advancing. Speculative decoding drafts them first: they
+    /// are verified like any draft, so a model that spells the same text with other
+    /// tokens loses nothing but the draft. The default knows none.
+    fn forced_tokens(&mut self) -> Vec<u32> {
+        Vec::new()
+    }
+    /// How many of `tokens`, in order from here, the constraint would accept,
+    /// without advancing. Speculative decoding cuts drafts there: a draft the
+    /// constraint forbids can never be taken. The default accepts all.
+    fn accepted_prefix(&mut self, tokens: &[u32]) -> usize {
+        tokens.len()
+    }
 }

@@ -542,3 +542,113 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
 
 /// The larger real model of the draft pair (`scripts/fetch-models.sh qwen2.5-coder-1.5b`).
 const TARGET_1_5B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+
+/// Allows exactly `tokens` in order (a grammar with one answer). With `tells` it
+/// also names what it forces next and which drafts it would take; without, it
+/// keeps the trait's defaults (no forced tokens, every draft kept).
+struct OneAnswer {
+    tokens: Vec<u32>,
+    at: usize,
+    n_vocab: usize,
+    tells: bool,
+}
+
+impl tempo9_engine::TokenConstraint for OneAnswer {
+    fn compute_mask(&mut self) -> Result<tempo9_engine::TokenMask, String> {
+        let t = *self.tokens.get(self.at).ok_or("past the answer")?;
+        let mut m = tempo9_engine::TokenMask::none(self.n_vocab);
+        m.allow(t);
+        Ok(m)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        if self.tokens.get(self.at) != Some(&token) {
+            return Err(format!("token {token} is not the answer's"));
+        }
+        self.at += 1;
+        Ok(())
+    }
+
+    fn is_finished(&self) -> bool {
+        self.at >= self.tokens.len()
+    }
+
+    fn forced_tokens(&mut self) -> Vec<u32> {
+        if self.tells {
+            self.tokens[self.at..].to_vec()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn accepted_prefix(&mut self, tokens: &[u32]) -> usize {
+        if !self.tells {
+            return tokens.len();
+        }
+        tokens
+            .iter()
+            .zip(&self.tokens[self.at..])
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
+}
+
+/// Drafts under a constraint: what it forces is drafted first (every such draft
+/// taken, in fewer steps), and n-gram drafts it forbids are cut before they are
+/// verified (none rejected); the tokens are those of decoding without drafts.
+#[test]
+fn constrained_requests_draft_what_the_constraint_forces_and_nothing_it_forbids() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(model) = load(MODELS[0].1) else {
+        return;
+    };
+    let tok = tokenizer(&model);
+    // A prompt whose n-gram drafts propose its own repetition once the answer's
+    // first token continues it, and an answer that departs from it then: the
+    // constraint forbids every such draft.
+    let text = "one two three four five one two three four five one two";
+    let prompt = tok.encode(text, true, false);
+    let whole = tok.encode(
+        &format!("{text} three seven eight nine ten eleven"),
+        true,
+        false,
+    );
+    assert_eq!(whole[..prompt.len()], prompt[..]);
+    let answer = whole[prompt.len()..].to_vec();
+    let n_vocab = tok.vocab_size();
+    let run = |k: usize, tells: bool| {
+        let mut core = engine(&model, &tok, k);
+        let mut r = request(&prompt, answer.len());
+        r.constraint = Some(Box::new(OneAnswer {
+            tokens: answer.clone(),
+            at: 0,
+            n_vocab,
+            tells,
+        }));
+        let out = run_batch(&mut core, vec![r]).remove(0);
+        (out, core.stats())
+    };
+    let (plain, plain_stats) = run(0, true);
+    assert_eq!(plain.tokens, answer);
+    // Without the constraint's help, n-gram drafts repeat the prompt and are rejected.
+    let (blind, blind_stats) = run(4, false);
+    assert_eq!(blind.tokens, answer);
+    assert!(
+        blind_stats.draft_tokens_total > blind_stats.accepted_draft_tokens_total,
+        "{blind_stats:?}"
+    );
+    let (told, told_stats) = run(4, true);
+    assert_eq!(told.tokens, plain.tokens);
+    assert_eq!(told.top_logprobs, plain.top_logprobs);
+    assert!(told_stats.draft_tokens_total > 0, "{told_stats:?}");
+    assert_eq!(
+        told_stats.draft_tokens_total, told_stats.accepted_draft_tokens_total,
+        "a draft the constraint forbids was verified"
+    );
+    assert!(
+        told_stats.steps_total < plain_stats.steps_total,
+        "forced drafts took {} steps, decoding {}",
+        told_stats.steps_total,
+        plain_stats.steps_total
+    );
+}

@@ -303,4 +303,25 @@ impl TokenConstraint for Constraint {
     fn is_finished(&self) -> bool {
         Constraint::is_finished(self)
     }
+
+    fn forced_tokens(&mut self) -> Vec<u32> {
+        if self.matcher.is_stopped() {
+            return Vec::new();
+        }
+        self.matcher.compute_ff_tokens()
+    }
+
+    fn accepted_prefix(&mut self, tokens: &[u32]) -> usize {
+        // An id past the vocabulary (a draft model's padding rows) would stop the
+        // matcher for good: cut before it.
+        let n_vocab = match self.matcher.tok_env() {
+            Ok(env) => env.tok_trie().vocab_size().min(self.n_vocab),
+            Err(_) => return 0,
+        };
+        let known = tokens
+            .iter()
+            .position(|&t| t as usize >= n_vocab)
+            .unwrap_or(tokens.len());
+        self.validate_tokens(&tokens[..known]).unwrap_or(0)
+    }
 }

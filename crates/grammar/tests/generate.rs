@@ -445,3 +445,92 @@ fn speculation_under_a_schema_changes_nothing() {
         assert!(accepted > 0, "k={k}: no draft accepted");
     }
 }
+
+/// A grammar's forced tokens (the keys of a strict schema) are what speculative
+/// decoding drafts first, and drafts it forbids are cut: the constraint names
+/// them without advancing, and a request under the schema takes forced drafts
+/// (none from its prompt, which repeats nothing) with the same tokens as without.
+#[test]
+fn a_schema_drafts_its_forced_keys() {
+    let Some(s) = setup(SMOLLM2) else { return };
+    let schema = json!({"type": "object",
+        "properties": {"favourite_programming_language": {"type": "string"},
+                       "years_of_professional_experience": {"type": "integer"}},
+        "required": ["favourite_programming_language", "years_of_professional_experience"],
+        "additionalProperties": false});
+    let g = Grammar::json_schema(&schema, SchemaMode::Strict).unwrap();
+    let mut c = s.compiler.compile(&g).unwrap();
+    let opening = s.tok.encode("{\"", false, false);
+    let n = c.accepted_prefix(&opening);
+    assert_eq!(n, opening.len(), "{{\" is where every answer starts");
+    for &t in &opening {
+        c.accept(t).unwrap();
+    }
+    let forced = c.forced_tokens();
+    let text = s.tok.decode(&forced, false);
+    assert!(
+        text.starts_with("favourite_programming"),
+        "forced after {{\": {text:?}"
+    );
+    // Not consumed: the same again, and a draft leaving the key is cut where it leaves.
+    assert_eq!(c.forced_tokens(), forced);
+    let mut astray = forced[..1].to_vec();
+    astray.extend(s.tok.encode("zzz", false, false));
+    assert_eq!(c.accepted_prefix(&astray), 1);
+
+    let chat = s
+        .chat
+        .render(
+            &[json!({"role": "user", "content": "Tell me about you."})],
+            None,
+            true,
+        )
+        .unwrap();
+    let p = s.tok.encode(&chat, true, true);
+    let run = |k: usize| {
+        let config = EngineConfig {
+            kv_budget_bytes: Some(256 << 20),
+            max_context: Some(1024),
+            deterministic: true,
+            speculation: (k > 0).then_some(tempo9_engine::SpecConfig {
+                k,
+                ..Default::default()
+            }),
+            ..EngineConfig::default()
+        };
+        let mut core = EngineCore::new(s.model.clone(), s.tok.clone(), config).unwrap();
+        let mut req = Request::new(p.clone(), 48);
+        req.constraint = Some(Box::new(s.compiler.compile(&g).unwrap()));
+        let mut stream = core.submit(req).unwrap();
+        core.run_until_idle().unwrap();
+        (collect(&mut stream), core.stats())
+    };
+    let (plain, plain_stats) = run(0);
+    let (got, stats) = run(4);
+    assert_eq!(got.tokens, plain.tokens);
+    assert!(
+        got.text.contains("years_of_professional_experience"),
+        "{}",
+        got.text
+    );
+    eprintln!(
+        "drafted {} accepted {} steps {} (without drafts {})",
+        stats.draft_tokens_total,
+        stats.accepted_draft_tokens_total,
+        stats.steps_total,
+        plain_stats.steps_total
+    );
+    // Both keys' forced tokens at least (less their first, sampled token).
+    let keys = s.tok.encode(
+        "favourite_programming_language years_of_professional_experience",
+        false,
+        false,
+    );
+    assert!(
+        stats.accepted_draft_tokens_total as usize >= keys.len() - 4,
+        "accepted {} of {} drafts",
+        stats.accepted_draft_tokens_total,
+        stats.draft_tokens_total
+    );
+    assert!(stats.steps_total < plain_stats.steps_total);
+}

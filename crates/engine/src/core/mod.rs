@@ -590,6 +590,15 @@ impl Live {
             && self.sampler.is_plain_greedy()
     }
 
+    /// Cuts its drafts where its constraint would stop accepting them: a draft the
+    /// grammar forbids can never be taken, and every row after it is wasted.
+    fn cut_drafts_to_constraint(&mut self) {
+        if let (Some(c), false) = (self.constraint.as_mut(), self.draft.is_empty()) {
+            let n = c.accepted_prefix(&self.draft);
+            self.draft.truncate(n);
+        }
+    }
+
     /// Leading tokens of `tokens` that its prompt shares.
     fn shared_prompt(&self, tokens: &[u32]) -> usize {
         tokens
@@ -1400,7 +1409,13 @@ impl EngineCore {
             // The token this step samples, then at most the drafts that could follow.
             let left = s.max_tokens.saturating_sub(s.usage.completion_tokens + 1);
             let k = depth.take().min(left);
-            if k > 0 && !s.prediction.is_empty() {
+            // What a grammar forces next is drafted first, at the configured depth
+            // (a model that follows its grammar cannot miss it, so no rest applies).
+            if let Some(c) = s.constraint.as_mut() {
+                s.draft = c.forced_tokens();
+                s.draft.truncate(depth.max.min(left));
+            }
+            if k > 0 && s.draft.is_empty() && !s.prediction.is_empty() {
                 s.draft = propose_predicted(&s.tokens[s.n_prompt..], &s.prediction, k);
             }
             match cfg.mode {
@@ -1409,6 +1424,7 @@ impl EngineCore {
                 SpecMode::Draft | SpecMode::Mtp if k > 0 => wanted.push((s.id, k)),
                 SpecMode::Draft | SpecMode::Mtp => {}
             }
+            s.cut_drafts_to_constraint();
             if !s.draft.is_empty() || wanted.last().is_some_and(|w| w.0 == s.id) {
                 streams -= 1;
             }
@@ -1437,6 +1453,7 @@ impl EngineCore {
                 for ((id, _), d) in wanted.into_iter().zip(drafts) {
                     if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
                         s.draft = d;
+                        s.cut_drafts_to_constraint();
                     }
                 }
             }
