@@ -27,6 +27,12 @@ the same images alone on the same files (`--mmproj`, --llama-args); its log
 (verbosity 4) gives the encode time: from "encoding mtmd batch" to "decoding
 image batch".
 
+A variant named llama* runs llama.cpp's llama-server (--llama-server DIR) with
+the same clients, a slot for each: it encodes an image inside its one
+decoding loop, so its streams wait while it does. Its rates are the clients'
+streamed chunks (one per token); Tempo9's rows give that client-side ratio as
+well ("client_ratio", the one the medians use), next to its own counter's.
+
 Standard library only (it runs on the GPU machine). One JSON line per variant
 on stdout, and a summary on stderr.
 
@@ -141,6 +147,9 @@ class Streamer(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.i, self.max_tokens, self.stop = port, i, max_tokens, stop
         self.errors = 0
+        # Streamed chunks with answer text: one per token in both engines (the
+        # client-side count is what compares Tempo9 with llama-server).
+        self.chunks = 0
 
     def run(self):
         body = {
@@ -159,6 +168,9 @@ class Streamer(threading.Thread):
                     line = r.readline()
                     if not line or line.strip() == b"data: [DONE]":
                         break
+                    # Answer or reasoning text (a random model may open a think block).
+                    if line.startswith(b"data: {") and b'content":"' in line and b'content":""' not in line:
+                        self.chunks += 1
                 c.close()
             except OSError:
                 self.errors += 1
@@ -199,23 +211,39 @@ def imager(port, every, size, stop, lat, salt0, text_words=None):
         time.sleep(max(0.0, nxt - time.time()))
 
 
-def window(port, seconds):
-    """Generated tokens per second, images encoded and encode seconds over a window."""
-    a = metrics(port)
+def window(port, seconds, streams, llama=False):
+    """Counter deltas over a window: Tempo9's generated tokens, images encoded and
+    encode seconds (not for llama-server), and the streams' client-side chunks."""
+    a = {} if llama else metrics(port)
+    c0 = sum(s.chunks for s in streams)
     t0 = time.time()
     time.sleep(seconds)
-    b = metrics(port)
+    b = {} if llama else metrics(port)
     dt = time.time() - t0
     d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
+    d["client_chunks"] = sum(s.chunks for s in streams) - c0
     return dt, d
 
 
 def run_variant(args, name, flags):
+    """One server configuration. A name starting with "llama" runs llama.cpp's
+    llama-server from --llama-server instead (FLAGS are its own, e.g. the device),
+    with a slot per client; its decode rates are the clients' streamed chunks."""
     port = free_port()
-    cmd = [args.tempo9, "serve", "--gguf", args.gguf, "--mmproj", args.mmproj, "--device", args.device,
-           "--host", "127.0.0.1", "--port", str(port)] + shlex.split(flags)
-    log = open(os.path.join(args.log_dir, "tempo9-%s.log" % name), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    llama = name.startswith("llama")
+    env = None
+    if llama:
+        if not args.llama_server:
+            raise SystemExit("variant %s needs --llama-server DIR" % name)
+        cmd = [os.path.join(args.llama_server, "llama-server"), "-m", args.gguf, "--mmproj", args.mmproj,
+               "--host", "127.0.0.1", "--port", str(port), "-np", str(args.streams + 1),
+               "-c", str(8192 * (args.streams + 1)), "--no-webui"] + shlex.split(flags)
+        env = dict(os.environ, LD_LIBRARY_PATH=args.llama_server)
+    else:
+        cmd = [args.tempo9, "serve", "--gguf", args.gguf, "--mmproj", args.mmproj, "--device", args.device,
+               "--host", "127.0.0.1", "--port", str(port)] + shlex.split(flags)
+    log = open(os.path.join(args.log_dir, "%s-%s.log" % ("llama" if llama else "tempo9", name)), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_health(port, proc, 600)
         # Warm: one image request (the encoder's first graph and allocations).
@@ -235,14 +263,14 @@ def run_variant(args, name, flags):
         for s in streams:
             s.start()
         time.sleep(args.warm_s)
-        quiet_dt, quiet = window(port, args.window_s)
+        quiet_dt, quiet = window(port, args.window_s, streams, llama)
         lat = []
         istop = threading.Event()
         it = threading.Thread(target=imager, args=(port, args.image_every, args.size, istop, lat, 0, text_words),
                               daemon=True)
         it.start()
         time.sleep(min(2.0, args.image_every))
-        img_dt, img = window(port, args.window_s)
+        img_dt, img = window(port, args.window_s, streams, llama)
         istop.set()
         it.join(timeout=120)
         stop.set()
@@ -251,9 +279,13 @@ def run_variant(args, name, flags):
         gen = "tempo9_engine_generated_tokens_total"
         enc_n = img.get("tempo9_engine_images_encoded_total", 0.0)
         enc_s = img.get("tempo9_engine_image_encode_seconds_total", 0.0)
-        # Each image request also generates one token.
+        # Each image request also generates one token (not streamed: not a chunk).
         quiet_rate = quiet.get(gen, 0.0) / quiet_dt
         img_rate = (img.get(gen, 0.0) - enc_n) / img_dt
+        quiet_client = quiet["client_chunks"] / quiet_dt
+        img_client = img["client_chunks"] / img_dt
+        if llama:
+            quiet_rate, img_rate = quiet_client, img_client
         return {
             "variant": name,
             "flags": flags,
@@ -266,6 +298,10 @@ def run_variant(args, name, flags):
             "decode_tok_s_quiet": round(quiet_rate, 1),
             "decode_tok_s_images": round(img_rate, 1),
             "ratio": round(img_rate / quiet_rate, 3) if quiet_rate else None,
+            "client_chunks_s_quiet": round(quiet_client, 1),
+            "client_chunks_s_images": round(img_client, 1),
+            "client_ratio": round(img_client / quiet_client, 3) if quiet_client else None,
+            "images_sent": len(lat),
             "images_encoded": int(enc_n),
             "encode_ms_mean": round(1000 * enc_s / enc_n, 1) if enc_n else None,
             "image_request_s_median": round(statistics.median(lat), 3) if lat else None,
@@ -381,7 +417,10 @@ def main():
     ap.add_argument("--size", default="768x768", help="image size WxH")
     ap.add_argument("--warm-s", type=float, default=5.0, help="decode before the first window")
     ap.add_argument("--window-s", type=float, default=15.0, help="length of each window")
-    ap.add_argument("--llama-server", help="directory with llama.cpp's llama-server (encode time)")
+    ap.add_argument("--llama-server", help="directory with llama.cpp's llama-server (its encode time alone "
+                    "with --llama-encode, and the server of variants named llama*)")
+    ap.add_argument("--llama-encode", action="store_true",
+                    help="also measure llama-server's encode time alone (--llama-server)")
     ap.add_argument("--llama-mtmd-cli", help="llama.cpp's llama-mtmd-cli binary (encode time)")
     ap.add_argument("--llama-args", default="-ngl 99", help="extra flags of llama.cpp's tool")
     ap.add_argument("--llama-images", type=int, default=4, help="images llama.cpp encodes")
@@ -398,11 +437,11 @@ def main():
             name, _, flags = v.partition(":")
             r = run_variant(args, name, flags)
             r["rep"] = rep
-            ratios.setdefault(name, []).append(r["ratio"])
+            ratios.setdefault(name, []).append(r["client_ratio"])
             print(json.dumps(r), flush=True)
-            print("%-10s quiet %7.1f tok/s  images %7.1f tok/s  ratio %.3f  encode %s ms (%d)" % (
-                name, r["decode_tok_s_quiet"], r["decode_tok_s_images"], r["ratio"] or 0,
-                r["encode_ms_mean"], r["images_encoded"]), file=sys.stderr)
+            print("%-10s quiet %7.1f tok/s  images %7.1f tok/s  ratio %.3f (client %.3f)  encode %s ms (%d of %d sent)" % (
+                name, r["decode_tok_s_quiet"], r["decode_tok_s_images"], r["ratio"] or 0, r["client_ratio"] or 0,
+                r["encode_ms_mean"], r["images_encoded"], r["images_sent"]), file=sys.stderr)
     if args.reps > 1:
         med = {k: statistics.median(x for x in v if x is not None) for k, v in ratios.items()}
         print(json.dumps({"median_ratio": med, "reps": args.reps}), flush=True)
@@ -412,7 +451,7 @@ def main():
         print(json.dumps(r), flush=True)
         print("llama.cpp  encode %s ms (median after the first; %d images)" % (
             r["encode_ms_median_after_first"], r["images_encoded"]), file=sys.stderr)
-    if args.llama_server:
+    if args.llama_server and args.llama_encode:
         r = llama_encode(args)
         print(json.dumps(r), flush=True)
         print("llama.cpp  encode %s ms (median after the first; %d images)" % (

@@ -105,8 +105,11 @@
 #           thread and GPU stream, and on the CPU, and text prompts of the same length
 #           instead of images (the prefill alone; bench/vision/encode_while_decode.py);
 #           with .llama-src, llama-mtmd-cli's encode time on the same files.
-#           VISION32_SIZE (default 768x768), VISION32_WINDOW (s, default 15),
-#           VISION32_REPS (repetitions, alternating the variants' order; default 1)
+#           With .llama-server carried, llama.cpp's llama-server serves the same clients
+#           (variant llama). VISION32_SIZE (default 768x768), VISION32_WINDOW (s, default 15),
+#           VISION32_REPS (repetitions, alternating the variants' order; default 1),
+#           VISION32_VARIANTS (default "inline stream text cpu llama"), VISION32_PARITY=0
+#           skips the tiny pair's GPU-vs-CPU answers
 #   vision32g  the tiny Gemma 4 pair (gemma4-tiny with Gemma 4's vocabulary and template from
 #           .gpu-carry/vocab, and its tiny gemma4v projector): greedy answers about 5 images
 #           on CUDA against the CPU (bench/vision/gpu_vs_cpu.py)
@@ -847,24 +850,37 @@ fi
 if has vision32; then
     say vision32
     vt="$work/qwen3vl-tiny.gguf"; vp="$work/mmproj-qwen3vl-tiny.gguf"
-    python3 "$root/bench/vision/gpu_vs_cpu.py" --tempo9 "$T" --gguf "$vt" --mmproj "$vp" \
-        --config "cpu:--device cpu --vision-device cpu" \
-        --config "cuda:--device cuda --vision-device same" \
-        --config "cuda-lm-cpu-encoder:--device cuda --vision-device cpu" \
-        2>>"$out/run.log" | tee -a "$out/vision32-parity.jsonl"
+    if [ "${VISION32_PARITY:-1}" != 0 ]; then
+        python3 "$root/bench/vision/gpu_vs_cpu.py" --tempo9 "$T" --gguf "$vt" --mmproj "$vp" \
+            --config "cpu:--device cpu --vision-device cpu" \
+            --config "cuda:--device cuda --vision-device same" \
+            --config "cuda-lm-cpu-encoder:--device cuda --vision-device cpu" \
+            2>>"$out/run.log" | tee -a "$out/vision32-parity.jsonl"
+    fi
     lm="$work/qwen3-vl-30b-a3b-q4_k.gguf"; pj="$work/mmproj-qwen3-vl-30b-a3b-f16.gguf"
     mtmd=()
     if [ "${llama_rc:-1}" = 0 ] && [ -x "${LLAMA_BUILD_DIR:-/tmp/llama-build}/bin/llama-mtmd-cli" ]; then
         mtmd=(--llama-mtmd-cli "${LLAMA_BUILD_DIR:-/tmp/llama-build}/bin/llama-mtmd-cli")
     fi
+    # VISION32_VARIANTS picks among: inline stream text cpu llama (llama.cpp's llama-server
+    # with the same clients, when .llama-server is carried: it encodes inside its one
+    # decoding loop).
+    vv=()
+    for v in ${VISION32_VARIANTS:-inline stream text cpu llama}; do
+        case $v in
+            inline) vv+=(--variant "inline:--vision-device same --vision-inline") ;;
+            stream) vv+=(--variant "stream:--vision-device same") ;;
+            text) vv+=(--variant "text:--vision-device same") ;;
+            cpu) vv+=(--variant "cpu:--vision-device cpu") ;;
+            llama) if llama_server_ready; then
+                       vv+=(--llama-server "$LLAMA_CPP_BIN_DIR" --variant "llama:--device CUDA0 -ngl 99 -fa on")
+                   else echo "vision32: no llama-server (prepare.sh stages .llama-server)" | tee -a "$out/run.log"; fi ;;
+        esac
+    done
     python3 "$root/bench/vision/encode_while_decode.py" --tempo9 "$T" --gguf "$lm" --mmproj "$pj" \
         --device cuda --streams 4 --image-every 1 --size "${VISION32_SIZE:-768x768}" \
         --window-s "${VISION32_WINDOW:-15}" --reps "${VISION32_REPS:-1}" --log-dir "$work/vision32-logs" "${mtmd[@]}" \
-        --variant "inline:--vision-device same --vision-inline" \
-        --variant "stream:--vision-device same" \
-        --variant "text:--vision-device same" \
-        --variant "cpu:--vision-device cpu" \
-        2>>"$out/run.log" | tee -a "$out/vision32.jsonl"
+        "${vv[@]}" 2>>"$out/run.log" | tee -a "$out/vision32.jsonl"
     tar -C "$work" -czf "$out/vision32-logs.tar.gz" vision32-logs
 fi
 
