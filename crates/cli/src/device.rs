@@ -1,13 +1,15 @@
-//! Choosing the compute device: the CPU (always there) or a GPU whose ggml backend
-//! library (`libggml-cuda.so`) is loaded at run time from a backend directory.
+//! Choosing the compute device from the command line: the CPU (always there) or a
+//! GPU whose ggml backend library (`libggml-cuda.so`) is loaded at run time from a
+//! backend directory (`tempo9_ggml::gpu`, shared with the SDK).
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use tempo9_ggml::{load_backend, Device, DeviceKind};
+use tempo9_ggml::{gpu, Device, DeviceKind};
 use tempo9_models::weights::Offload;
+
+pub use tempo9_ggml::gpu::loaded_ggml_libs;
 
 /// Which device to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -18,6 +20,16 @@ pub enum DeviceChoice {
     Cuda,
     /// A GPU if a backend library loads and finds one, else the CPU.
     Auto,
+}
+
+impl From<DeviceChoice> for gpu::DeviceChoice {
+    fn from(c: DeviceChoice) -> Self {
+        match c {
+            DeviceChoice::Cpu => gpu::DeviceChoice::Cpu,
+            DeviceChoice::Cuda => gpu::DeviceChoice::Cuda,
+            DeviceChoice::Auto => gpu::DeviceChoice::Auto,
+        }
+    }
 }
 
 /// Device flags shared by every command that loads a model.
@@ -36,59 +48,6 @@ pub struct DeviceArgs {
     /// every layer is there. Default: the whole model. Ignored on the CPU.
     #[arg(long, value_name = "N")]
     pub gpu_layers: Option<usize>,
-}
-
-/// Library file of the CUDA backend.
-const CUDA_LIB: &str = "libggml-cuda.so";
-
-/// Loads the CUDA backend library once per process; returns its devices, or why not.
-fn cuda_devices(dir: Option<&PathBuf>) -> &'static Result<Vec<Device>, String> {
-    static LOADED: OnceLock<Result<Vec<Device>, String>> = OnceLock::new();
-    LOADED.get_or_init(|| {
-        let dir = match dir {
-            Some(d) => d.clone(),
-            None => std::env::current_exe()
-                .ok()
-                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
-                .ok_or("cannot tell where the tempo9 binary is")?,
-        };
-        let path = dir.join(CUDA_LIB);
-        if !path.exists() {
-            return Err(format!("{} not found", path.display()));
-        }
-        let devs = load_backend(&path).map_err(|e| e.to_string())?;
-        // ggml-cuda launches kernels with programmatic dependent launch (PDL) on
-        // Hopper by default; replayed as CUDA graphs, that gave wrong numbers on an
-        // H200 (single-sequence Qwen2 decode: log-probabilities off by up to 0.96
-        // nats, greedy tokens changed at wide margins; PDL off: all differences from
-        // the CPU at near-ties, 0.09 nats at most), and only through the
-        // flash-attention kernels (PDL for them alone: wrong; for every op but
-        // them: as without PDL; scripts/gpu/run-h200.sh `pdlbisect`). A library
-        // built by scripts/gpu/build-cuda.sh can limit PDL by op (feature
-        // PDL_OPS): PDL then stays on but for flash attention; another library runs
-        // without PDL (~9% less decode speed). Unless the user chose. Set before the
-        // library starts any kernel, while no other thread reads the environment.
-        if std::env::var_os("GGML_CUDA_PDL").is_none() {
-            let op_filter = devs.iter().any(|d| {
-                d.backend_features()
-                    .iter()
-                    .any(|(n, v)| n == "PDL_OPS" && v == "1")
-            });
-            if op_filter {
-                std::env::set_var("GGML_CUDA_PDL", "1");
-                let chosen = ["GGML_CUDA_PDL_OPS", "GGML_CUDA_PDL_NOT_OPS"]
-                    .iter()
-                    .any(|v| std::env::var_os(v).is_some());
-                if !chosen {
-                    std::env::set_var("GGML_CUDA_PDL_NOT_OPS", "FLASH_ATTN_EXT");
-                }
-            } else {
-                std::env::set_var("GGML_CUDA_PDL", "0");
-            }
-        }
-        tracing::info!(lib = %path.display(), devices = ?devs, "loaded ggml backend");
-        Ok(devs)
-    })
 }
 
 /// Where the vision encoder runs (`serve --vision-device`).
@@ -127,14 +86,7 @@ impl DeviceArgs {
 
     /// The CUDA backend's first GPU, or why there is none.
     fn first_gpu(&self) -> Result<Device, String> {
-        match cuda_devices(self.backend_dir.as_ref()) {
-            Ok(devs) => devs
-                .iter()
-                .copied()
-                .find(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IGpu))
-                .ok_or_else(|| "the CUDA backend found no GPU".to_string()),
-            Err(e) => Err(e.clone()),
-        }
+        gpu::first_gpu(self.backend_dir.as_deref())
     }
 
     /// Which layers the GPU gets (`--gpu-layers`).
@@ -144,46 +96,12 @@ impl DeviceArgs {
 
     /// The device the flags ask for.
     pub fn select(&self) -> Result<Device> {
-        if self.device == DeviceChoice::Cpu {
-            return Ok(Device::cpu());
-        }
-        let gpu = self.first_gpu();
-        match (gpu, self.device) {
-            (Ok(d), _) => {
-                let (free, total) = d.memory();
-                tracing::info!(
-                    device = %d.name(),
-                    description = %d.description(),
-                    free_mib = free >> 20,
-                    total_mib = total >> 20,
-                    "using GPU"
-                );
-                Ok(d)
-            }
-            (Err(e), DeviceChoice::Cuda) => bail!(
+        match gpu::DeviceChoice::from(self.device).select(self.backend_dir.as_deref()) {
+            Ok(d) => Ok(d),
+            Err(e) => bail!(
                 "--device cuda: {e} (build it with scripts/gpu/build-cuda.sh; \
                  --backend-dir or TEMPO9_BACKEND_DIR say where it is)"
             ),
-            (Err(e), _) => {
-                tracing::debug!("no GPU ({e}); using the CPU");
-                Ok(Device::cpu())
-            }
         }
     }
-}
-
-/// Paths of the ggml libraries mapped into this process (Linux; empty elsewhere).
-/// A loaded backend must share the process's one `libggml-base`: two copies would
-/// mean two backend registries and crashes, so benchmarks record this list.
-pub fn loaded_ggml_libs() -> Vec<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut libs: Vec<String> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| p.contains("libggml"))
-        .map(str::to_string)
-        .collect();
-    libs.sort();
-    libs.dedup();
-    libs
 }

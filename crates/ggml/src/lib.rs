@@ -12,6 +12,7 @@
 
 mod backend;
 mod context;
+pub mod gpu;
 mod kernels;
 mod quant;
 
@@ -20,6 +21,7 @@ pub use backend::{
     HostBytes, SchedStats, Scheduler,
 };
 pub use context::{Context, Graph, KeptGraph, Pod, RopeParams, Tensor, TensorStore};
+pub use gpu::DeviceChoice;
 pub use kernels::KernelSet;
 pub use quant::quantize_rows;
 

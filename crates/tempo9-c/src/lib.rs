@@ -172,10 +172,13 @@ unsafe fn put<T>(out: *mut *mut T, v: *mut T) {
     unsafe { *out = v };
 }
 
-/// Loads a model — `source` is a GGUF file path or an Ollama model name — on the
-/// CPU and starts its engine. `options_json` may be NULL or a JSON object:
+/// Loads a model — `source` is a GGUF file path or an Ollama model name — and
+/// starts its engine. `options_json` may be NULL or a JSON object:
 /// `threads`, `context`, `kv_budget_bytes`, `page_tokens`, `max_running`,
-/// `deterministic`, `chat_template`, `speculation_k`, `ssd` (`false`, or
+/// `deterministic`, `chat_template`, `speculation_k`, `device` (`"cpu"`,
+/// `"cuda"`, or `"auto"`: a GPU when `libggml-cuda.so` loads from `backend_dir`,
+/// `TEMPO9_BACKEND_DIR` or the executable's directory, else the CPU; the
+/// default), `backend_dir`, `gpu_layers`, `ssd` (`false`, or
 /// `{"dir", "budget_bytes", "persist"}`; on by default, as `tempo9 serve`).
 /// On success `*out_model` is a handle to free with `tempo9_model_free`.
 #[no_mangle]

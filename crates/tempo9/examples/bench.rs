@@ -8,8 +8,16 @@
 //!   this thread as `tempo9 bench` does, on a second copy of the model (MODEL must
 //!   be a file path here).
 //!
+//!
+//! With `--alone`, decode runs through the SDK only (no second engine in the
+//! process, whose idle CPU thread pool could take cores from the first): compare it
+//! with `tempo9 bench` run as a process of its own, alternating the two.
+//!
 //! `cargo run --release -p tempo9 --example bench -- MODEL [--tg 128] [--reps 3]
-//!  [--threads N] [--http http://127.0.0.1:11435]`
+//!  [--threads N] [--http http://127.0.0.1:11435] [--alone] [--device cpu|cuda|auto]`
+//!
+//! `--device` (default cpu) places the SDK's model; the in-process reference
+//! engine runs on the CPU, so use `--alone` with a GPU.
 
 use std::io::{BufRead, BufReader, Write};
 use std::time::Instant;
@@ -21,13 +29,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let source = args.next().ok_or("usage: bench MODEL [options]")?;
     let (mut tg, mut reps, mut threads, mut http) = (128usize, 3usize, None, None);
+    let mut alone = false;
+    let mut device = tempo9::DeviceChoice::Cpu;
     while let Some(a) = args.next() {
+        if a == "--alone" {
+            alone = true;
+            continue;
+        }
         let v = args.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
             "--tg" => tg = v.parse()?,
             "--reps" => reps = v.parse()?,
             "--threads" => threads = Some(v.parse()?),
             "--http" => http = Some(v),
+            "--device" => {
+                device = match v.as_str() {
+                    "cpu" => tempo9::DeviceChoice::Cpu,
+                    "cuda" => tempo9::DeviceChoice::Cuda,
+                    "auto" => tempo9::DeviceChoice::Auto,
+                    _ => return Err(format!("--device {v}: cpu, cuda or auto").into()),
+                }
+            }
             _ => return Err(format!("unknown option {a}").into()),
         }
     }
@@ -35,6 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &source,
         &LoadOptions {
             threads,
+            device,
             ..LoadOptions::default()
         },
     )?;
@@ -70,31 +93,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // each rep runs `tempo9 bench`'s loop (an EngineCore stepped on this thread, no
     // engine thread, no channels) and then the SDK's, so load on a shared machine
     // hits both alike.
-    let path = std::path::Path::new(&source);
-    let direct = tempo9_models::Model::load(
-        path,
-        tempo9_models::LoadOptions::new(tempo9_ggml::Device::cpu()),
-    )?;
-    let tok = std::sync::Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(direct.gguf())?);
-    let mut core = tempo9_engine::EngineCore::new(
-        std::sync::Arc::new(direct),
-        tok,
-        tempo9_engine::EngineConfig {
-            threads: threads.unwrap_or_else(tempo9_engine::default_threads),
-            ..tempo9_engine::EngineConfig::default()
-        },
-    )?;
+    let mut core = if alone {
+        None
+    } else {
+        let direct = tempo9_models::Model::load(
+            std::path::Path::new(&source),
+            tempo9_models::LoadOptions::new(tempo9_ggml::Device::cpu()),
+        )?;
+        let tok = std::sync::Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(direct.gguf())?);
+        Some(tempo9_engine::EngineCore::new(
+            std::sync::Arc::new(direct),
+            tok,
+            tempo9_engine::EngineConfig {
+                threads: threads.unwrap_or_else(tempo9_engine::default_threads),
+                ..tempo9_engine::EngineConfig::default()
+            },
+        )?)
+    };
     let vocab = model.tokenize("a b c d e f g h");
     let (mut rates, mut core_rates) = (Vec::new(), Vec::new());
     for r in 0..=reps {
         let prompt = [vocab[r % vocab.len()]];
-        let mut req = tempo9_engine::Request::new(prompt.to_vec(), tg);
-        req.stop.eog = false;
-        let t0 = Instant::now();
-        let stream = core.submit(req)?;
-        core.run_until_idle()?;
-        drop(stream);
-        let core_rate = tg as f64 / t0.elapsed().as_secs_f64();
+        let core_rate = match core.as_mut() {
+            Some(core) => {
+                let mut req = tempo9_engine::Request::new(prompt.to_vec(), tg);
+                req.stop.eog = false;
+                let t0 = Instant::now();
+                let stream = core.submit(req)?;
+                core.run_until_idle()?;
+                drop(stream);
+                Some(tg as f64 / t0.elapsed().as_secs_f64())
+            }
+            None => None,
+        };
         let opts = CompleteOptions {
             max_tokens: tg,
             stop_at_eog: false,
@@ -108,7 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let rate = n as f64 / t0.elapsed().as_secs_f64();
         // The first rep warms both up (first use of every kernel and buffer).
         if r > 0 {
-            core_rates.push(core_rate);
+            core_rates.extend(core_rate);
             rates.push(rate);
         }
     }
@@ -117,8 +148,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{}",
         json!({
             "model": source,
-            "tg": {"n_tokens": tg, "sdk_tok_s": rates, "core_tok_s": core_rates,
-                   "sdk_over_core": ratios, "median_ratio": median(&ratios)},
+            "tg": {"n_tokens": tg, "sdk_tok_s": rates, "sdk_median": median(&rates),
+                   "core_tok_s": core_rates, "sdk_over_core": ratios,
+                   "median_ratio": median(&ratios)},
             "ttft_ms": {"sdk": ttft_sdk, "http": ttft_http,
                         "sdk_median": median(&ttft_sdk), "http_median": median(&ttft_http)},
         })

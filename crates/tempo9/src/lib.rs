@@ -49,6 +49,8 @@ pub use complete::{CompleteOptions, CompletionEvent, CompletionStream};
 pub use error::{Error, ErrorKind, Result};
 pub use load::LoadOptions;
 pub use tempo9_engine::{EngineStats, SamplingParams, SsdConfig, Usage};
+/// Which device a model runs on ([`LoadOptions::device`]).
+pub use tempo9_ggml::DeviceChoice;
 pub use tempo9_server::chat::{Collected, Stop};
 pub use tempo9_server::tools::ToolCall;
 pub use tempo9_tokenizer::TemplateOptions;

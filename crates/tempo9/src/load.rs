@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use tempo9_engine::{Engine, EngineConfig, SsdConfig};
+use tempo9_ggml::DeviceChoice;
 use tempo9_models::ModelError;
 use tempo9_server::{ollama_store, AppState, ServerConfig};
 use tempo9_tokenizer::Tokenizer;
@@ -37,6 +38,16 @@ pub struct LoadOptions {
     pub chat_template: Option<String>,
     /// Speculative decoding: draft up to this many tokens per step (0 = off).
     pub speculation_k: usize,
+    /// The compute device: the CPU, a GPU through ggml's CUDA backend (an error
+    /// when none can be used), or by default a GPU when the backend library loads
+    /// and finds one, else the CPU (as `tempo9 serve --device`).
+    pub device: DeviceChoice,
+    /// Where `libggml-cuda.so` is looked for (`None`: `TEMPO9_BACKEND_DIR`, else
+    /// the application's executable directory). A process loads it once.
+    pub backend_dir: Option<PathBuf>,
+    /// Layers on the GPU, counted from the last one (`None`: all; as `tempo9 serve
+    /// --gpu-layers`). Ignored on the CPU.
+    pub gpu_layers: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -52,6 +63,9 @@ impl Default for LoadOptions {
             ssd: Some(SsdConfig::new(tempo9_engine::ssd::default_dir())),
             chat_template: None,
             speculation_k: 0,
+            device: DeviceChoice::Auto,
+            backend_dir: None,
+            gpu_layers: None,
         }
     }
 }
@@ -59,7 +73,8 @@ impl Default for LoadOptions {
 impl LoadOptions {
     /// Options from a JSON object (the C and Python bindings' shape): `threads`,
     /// `context`, `kv_budget_bytes`, `page_tokens`, `max_running`,
-    /// `deterministic`, `chat_template`, `speculation_k`, and `ssd`: `false`
+    /// `deterministic`, `chat_template`, `speculation_k`, `device` (`"cpu"`,
+    /// `"cuda"` or `"auto"`), `backend_dir`, `gpu_layers`, and `ssd`: `false`
     /// (off), or `{"dir", "budget_bytes", "persist"}`. Absent keys keep the
     /// defaults; unknown keys are refused.
     ///
@@ -107,6 +122,9 @@ impl LoadOptions {
                 "ssd",
                 "chat_template",
                 "speculation_k",
+                "device",
+                "backend_dir",
+                "gpu_layers",
             ];
             if !known.contains(&k.as_str()) {
                 return Err(bad(format!(
@@ -127,6 +145,19 @@ impl LoadOptions {
         o.deterministic = boolean("deterministic")?.unwrap_or(false);
         if let Some(n) = uint("speculation_k")? {
             o.speculation_k = n;
+        }
+        o.gpu_layers = uint("gpu_layers")?;
+        match obj.get("device").map(|d| (d, d.as_str())) {
+            None | Some((Value::Null, _)) => {}
+            Some((_, Some("cpu"))) => o.device = DeviceChoice::Cpu,
+            Some((_, Some("cuda"))) => o.device = DeviceChoice::Cuda,
+            Some((_, Some("auto"))) => o.device = DeviceChoice::Auto,
+            Some(_) => return Err(bad("'device' must be \"cpu\", \"cuda\" or \"auto\"".into())),
+        }
+        match obj.get("backend_dir") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(d)) => o.backend_dir = Some(PathBuf::from(d)),
+            Some(_) => return Err(bad("'backend_dir' must be a string".into())),
         }
         match obj.get("chat_template") {
             None | Some(Value::Null) => {}
@@ -228,11 +259,16 @@ pub(crate) fn load(source: &str, opts: &LoadOptions) -> Result<Arc<AppState>> {
     // ggml's own messages go to `tracing` (silent unless the application subscribes),
     // not to the application's stderr.
     tempo9_ggml::init_logging();
-    let model = tempo9_models::Model::load(
-        &path,
-        tempo9_models::LoadOptions::new(tempo9_ggml::Device::cpu()),
-    )
-    .map_err(|e| load_error(&path, e))?;
+    let device = opts
+        .device
+        .select(opts.backend_dir.as_deref())
+        .map_err(|e| Error::new(ErrorKind::Engine, format!("device cuda: {e}")))?;
+    let mut load = tempo9_models::LoadOptions::new(device);
+    load.offload = opts.gpu_layers.map_or(
+        tempo9_models::weights::Offload::All,
+        tempo9_models::weights::Offload::Layers,
+    );
+    let model = tempo9_models::Model::load(&path, load).map_err(|e| load_error(&path, e))?;
     let model = Arc::new(model);
     let tok = Tokenizer::from_gguf(model.gguf())
         .map_err(|e| Error::new(ErrorKind::BadFile, format!("building the tokenizer: {e}")))?;

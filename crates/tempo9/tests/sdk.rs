@@ -379,9 +379,24 @@ fn errors_are_typed() {
     )
     .unwrap();
     let arch = Model::load(other.to_str().unwrap(), &LoadOptions::default());
+    // A GPU asked for where no CUDA backend library is: a typed error naming it.
+    let cuda =
+        LoadOptions::from_json(&json!({"device": "cuda", "backend_dir": "/nonexistent"})).unwrap();
+    assert_eq!(cuda.device, tempo9::DeviceChoice::Cuda);
+    if let Err(e) = Model::load(other.to_str().unwrap(), &cuda) {
+        assert_eq!(e.kind, ErrorKind::Engine, "{e}");
+        assert!(e.to_string().contains("libggml-cuda.so"), "{e}");
+    }
     std::fs::remove_file(&other).ok();
     let e = arch.err().unwrap();
     assert_eq!(e.kind, ErrorKind::UnsupportedArchitecture, "{e}");
+    assert_eq!(
+        LoadOptions::from_json(&json!({"device": "gpu"}))
+            .err()
+            .unwrap()
+            .kind,
+        ErrorKind::BadRequest
+    );
     assert_eq!(
         LoadOptions::from_json(&json!({"threads": "two"}))
             .err()

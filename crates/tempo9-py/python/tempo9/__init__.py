@@ -209,9 +209,11 @@ class Model:
     """A loaded model (GGUF path or Ollama model name) with its running engine.
 
     Load options (all optional): threads, context, kv_budget_bytes, page_tokens,
-    max_running, deterministic, chat_template, speculation_k, and ssd (False to
-    turn the SSD tier off, or {"dir": ..., "budget_bytes": ..., "persist": ...}).
-    Defaults are `tempo9 serve`'s.
+    max_running, deterministic, chat_template, speculation_k, device ("cpu",
+    "cuda", or "auto": a GPU when libggml-cuda.so loads from backend_dir,
+    TEMPO9_BACKEND_DIR or the executable's directory, else the CPU), backend_dir,
+    gpu_layers, and ssd (False to turn the SSD tier off, or {"dir": ...,
+    "budget_bytes": ..., "persist": ...}). Defaults are `tempo9 serve`'s.
     """
 
     def __init__(self, source: str, **options: Any) -> None:
