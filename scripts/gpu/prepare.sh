@@ -114,6 +114,12 @@ strip "$root/.gpu-carry/tempo9"
 # Packed (13 MB -> ~4): the carry limit is 64 MiB with .gpu-cache and .llama-server;
 # run-h200.sh unpacks it.
 xz -T0 -6 "$root/.gpu-carry/tempo9"
+# The SDK's bench example (run-h200.sh sdk34), built into the same target directory
+# (`cargo build --release -p tempo9 --example bench` with the same RUSTFLAGS), when asked.
+if [ "${SDK_BENCH:-0}" = 1 ]; then
+    cp "$bin/examples/bench" "$root/.gpu-carry/sdk-bench" && strip "$root/.gpu-carry/sdk-bench" \
+        && xz -T0 -6 "$root/.gpu-carry/sdk-bench"
+fi
 for l in libggml-base.so.0 libggml.so.0 libggml-cpu.so.0; do
     cp -L "$bin/$l" "$root/.gpu-carry/"
 done

@@ -4,7 +4,7 @@
 # and benchmark. Results land in $OUT (JSON lines + logs).
 #
 # Usage: scripts/gpu/run-h200.sh [STEP...]
-#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 vision32 vision32g pack bundle
+#   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 vision32 vision32g sdk34 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
 #           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
@@ -113,6 +113,9 @@
 #   vision32g  the tiny Gemma 4 pair (gemma4-tiny with Gemma 4's vocabulary and template from
 #           .gpu-carry/vocab, and its tiny gemma4v projector): greedy answers about 5 images
 #           on CUDA against the CPU (bench/vision/gpu_vs_cpu.py)
+#   sdk34   the SDK in process on CUDA (issue 34): crates/tempo9/examples/bench (staged by
+#           prepare.sh with SDK_BENCH=1) against `tempo9 bench`, and its first token against
+#           HTTP, on the synthetic 8B file; SDK34_ROUNDS (default 3)
 #   bundle  (last) packs every output but the library parts into bundle.tar.gz
 #   pack    xz-compresses the built library into $OUT parts (files come back <= 16 MiB)
 set -uo pipefail
@@ -882,6 +885,31 @@ if has vision32; then
         --window-s "${VISION32_WINDOW:-15}" --reps "${VISION32_REPS:-1}" --log-dir "$work/vision32-logs" "${mtmd[@]}" \
         "${vv[@]}" 2>>"$out/run.log" | tee -a "$out/vision32.jsonl"
     tar -C "$work" -czf "$out/vision32-logs.tar.gz" vision32-logs
+fi
+
+if has sdk34; then
+    # The SDK in process on the GPU (issue 34): the bench example (.gpu-carry/sdk-bench.xz,
+    # staged by `prepare.sh` with SDK_BENCH=1) decodes through tempo9::Model on CUDA, alone
+    # in its process, against `tempo9 bench`'s loop in a process of its own, rounds
+    # alternated; its first-token latency against the same request over HTTP from a fresh
+    # `tempo9 serve --device cuda`.
+    say sdk34
+    sb="$root/.gpu-carry/sdk-bench"
+    [ -x "$sb" ] || { xz -dc "$sb.xz" >"$sb" && chmod +x "$sb"; }
+    f="$work/llama-8b-q4_k.gguf"
+    [ -f "$f" ] || $T synth-gguf --arch llama --preset 8b --quant q4_k --unique-mib 4 --out "$f" >>"$out/run.log" 2>&1
+    for i in $(seq 1 "${SDK34_ROUNDS:-3}"); do
+        $T bench --gguf "$f" --device cuda --pp 0 --tg 128 --reps 3 2>>"$out/run.log" \
+            | sed "s/^{/{\"round\":$i,\"run\":\"tempo9-bench\",/" | tee -a "$out/sdk34.jsonl"
+        port=$((18900 + i))
+        $T serve --gguf "$f" --device cuda --port $port --no-kv-ssd --kv-budget 8G >"$work/sdk34-serve-$i.log" 2>&1 &
+        sp=$!
+        for _ in $(seq 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
+        "$sb" "$f" --alone --device cuda --tg 128 --reps 4 --http "http://127.0.0.1:$port" 2>>"$out/run.log" \
+            | sed "s/^{/{\"round\":$i,\"run\":\"sdk\",/" | tee -a "$out/sdk34.jsonl"
+        echo "sdk34 round $i: sdk-bench exit status ${PIPESTATUS[0]}" | tee -a "$out/run.log"
+        kill $sp; wait $sp 2>/dev/null
+    done
 fi
 
 if has vision32g; then

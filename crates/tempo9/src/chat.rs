@@ -6,6 +6,7 @@
 //! the same OpenAI chat completion sent to `tempo9 serve`.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 use tempo9_engine::SamplingParams;
@@ -17,6 +18,7 @@ use tempo9_tokenizer::TemplateOptions;
 
 use crate::block_on::block_on;
 use crate::error::{Error, ErrorKind, Result};
+use crate::EngineOwner;
 
 pub use tempo9_server::chat::ToolChoice;
 
@@ -135,13 +137,17 @@ pub type Event = GenEvent;
 pub struct ChatStream {
     gen: Generation,
     ready: VecDeque<Event>,
+    /// Keeps the engine running while the stream lives (after this field's
+    /// request is cancelled: fields drop in order).
+    _owner: Arc<EngineOwner>,
 }
 
 impl ChatStream {
-    pub(crate) fn new(gen: Generation) -> ChatStream {
+    pub(crate) fn new(gen: Generation, owner: Arc<EngineOwner>) -> ChatStream {
         ChatStream {
             gen,
             ready: VecDeque::new(),
+            _owner: owner,
         }
     }
 

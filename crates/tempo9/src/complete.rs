@@ -45,6 +45,8 @@ impl Default for CompleteOptions {
 /// [`CompletionStream::next_event`]; dropping it cancels the request.
 pub struct CompletionStream {
     pub(crate) stream: RequestStream,
+    /// Keeps the engine running while the stream lives (dropped after `stream`).
+    pub(crate) _owner: std::sync::Arc<crate::EngineOwner>,
 }
 
 /// One event of a completion.

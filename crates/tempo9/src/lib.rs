@@ -65,6 +65,20 @@ use crate::error::ErrorKind as K;
 #[derive(Clone)]
 pub struct Model {
     state: Arc<AppState>,
+    owner: Arc<EngineOwner>,
+}
+
+/// Held by every clone of a [`Model`] and by its streams: when the last one goes,
+/// the engine is stopped and its thread has dropped its buffers before the drop
+/// returns. Left to the engine thread alone, an application returning from `main`
+/// right after tears the GPU runtime down under that thread (ggml-cuda aborted
+/// freeing its compute buffers at exit on the H200).
+pub(crate) struct EngineOwner(tempo9_engine::EngineHandle);
+
+impl Drop for EngineOwner {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
 }
 
 impl Model {
@@ -72,8 +86,10 @@ impl Model {
     /// Ollama (`qwen2.5-coder:0.5b`, found under `$OLLAMA_MODELS` or
     /// `~/.ollama/models`) — on the CPU, and starts its engine.
     pub fn load(source: &str, options: &LoadOptions) -> Result<Model> {
+        let state = load::load(source, options)?;
         Ok(Model {
-            state: load::load(source, options)?,
+            owner: Arc::new(EngineOwner(state.engine.clone())),
+            state,
         })
     }
 
@@ -119,7 +135,7 @@ impl Model {
             self.state
                 .prepare_tools(FAMILY, prompt, params, options.parallel_tool_calls)?;
         let gen = block_on(self.state.start(FAMILY, prepared, Instant::now()))?;
-        Ok(ChatStream::new(gen))
+        Ok(ChatStream::new(gen, self.owner.clone()))
     }
 
     /// [`Model::chat`] with JSON text, as the C and Python bindings pass it:
@@ -178,7 +194,10 @@ impl Model {
             .engine
             .submit(req)
             .map_err(|e| Error::from(tempo9_server::chat::submit_error(FAMILY, e)))?;
-        Ok(CompletionStream { stream })
+        Ok(CompletionStream {
+            stream,
+            _owner: self.owner.clone(),
+        })
     }
 
     /// Token ids of `text` (special-token text parsed; the tokenizer's BOS added
