@@ -179,6 +179,8 @@ pub fn requests(data: &[u8]) {
         let _ = openai::stop_strings(&v, "stop", family);
         let _ = openai::response_format(&v, family);
     }
+    // The handlers' private glue (Ollama options and format, Anthropic tool choice).
+    tempo9_server::request_glue(&v);
     let mut conversations = Vec::new();
     conversations.extend(openai::check_messages(&v).ok());
     conversations.extend(anthropic::to_openai_messages(&v).ok());

@@ -226,6 +226,15 @@ pub fn to_openai_tools(v: &Value) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
+/// Every conversion of an Anthropic request body that the handlers run before a
+/// model sees it (messages, tools, tool choice, thinking), results dropped: for
+/// the fuzz targets ([`crate::request_glue`]).
+pub(crate) fn glue(v: &Value) {
+    let _ = prompt_of(v);
+    let _ = tool_choice(v);
+    let _ = template_options(v);
+}
+
 fn tool_choice(v: &Value) -> Result<(ToolChoice, bool), ApiError> {
     let tc = &v["tool_choice"];
     if tc.is_null() {

@@ -47,6 +47,16 @@ use tokio::sync::{mpsc, Semaphore};
 
 use crate::error::{ApiError, ErrorKind, Family};
 pub use crate::listen::{serve, serve_on, shutdown_signal, SHUTDOWN_GRACE};
+
+/// Runs the request-body conversions the Ollama and Anthropic handlers keep
+/// private (Ollama `options`/`format`/`think`, Anthropic `tool_choice`/`thinking`
+/// and the whole prompt) on `v` and drops the results: an entry point for the
+/// fuzz targets (`crates/fuzz-targets`), which must find no panic in them.
+#[doc(hidden)]
+pub fn request_glue(v: &serde_json::Value) {
+    ollama::glue(v);
+    anthropic::glue(v);
+}
 use crate::metrics::Metrics;
 use crate::tools::ToolFormat;
 

@@ -76,6 +76,14 @@ fn params_of(v: &Value) -> Result<GenParams, ApiError> {
     })
 }
 
+/// Every conversion of an Ollama request body to engine parameters that the
+/// handlers run before a model sees it (options, format, thinking), results
+/// dropped: for the fuzz targets ([`crate::request_glue`]).
+pub(crate) fn glue(v: &Value) {
+    let _ = params_of(v);
+    let _ = template_options(v);
+}
+
 /// `format` (`"json"` or a JSON schema) as a grammar.
 fn format_grammar(v: &Value) -> Result<Option<tempo9_grammar::Grammar>, ApiError> {
     tempo9_grammar::Grammar::from_ollama_format(v.get("format").unwrap_or(&Value::Null))
