@@ -6,7 +6,11 @@ chosen mode), starts the server on the same model file, sends one warm-up reques
 and then the benchmark prompt (bench/spec/edit-code.chatml.txt by default: an agent's
 edit whose answer re-emits its prompt) as a streamed greedy /v1/completions request
 of TG tokens, and measures decode tok/s at the client: tokens after the first over
-the time after the first. Rounds alternate engines and configurations; medians.
+the time after the first. A .json prompt file (bench/spec/tool-json.json) holds chat
+messages and tools instead: the request is a streamed chat completion with
+tool_choice required, and the answer is the tool call's arguments, decoded under
+each engine's own tool-call grammar (so the two engines' texts may differ; each is
+compared with its own run without drafts). Rounds alternate engines and configurations; medians.
 Acceptance comes from each server's own counters (Tempo9: usage
 completion_tokens_details; llama.cpp: timings draft_n / draft_n_accepted).
 
@@ -67,7 +71,7 @@ def server_cmd(engine, a, k, port):
         return cmd, {}
     d = os.environ.get("LLAMA_CPP_BIN_DIR", f"{HOME}/.cache/tempo9/llama/native/bin")
     cmd = [f"{d}/llama-server", "-m", a.model, "--port", str(port), "-t", str(a.threads),
-           "-tb", str(a.threads), "-np", "1", "-c", "4096", "--no-webui"]
+           "-tb", str(a.threads), "-np", "1", "-c", "4096", "--no-webui", "--jinja"]
     if k > 0 and a.mode == "draft":
         cmd += ["--spec-type", "draft-simple", "-md", a.draft, "--spec-draft-n-max", str(k),
                 "--spec-draft-n-min", "0", "-td", str(a.threads), "-tbd", str(a.threads)]
@@ -81,9 +85,19 @@ def server_cmd(engine, a, k, port):
 
 
 def stream(port, prompt, n):
-    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+    """Streams a greedy answer of at most n tokens: `prompt` is raw text for
+    /v1/completions (EOG ignored), or a dict of chat `messages`/`tools` for
+    /v1/chat/completions with tool_choice required (the answer is the tool call's
+    arguments, decoded under each engine's tool-call grammar)."""
+    body = {"max_tokens": n, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if isinstance(prompt, dict):
+        path = "/v1/chat/completions"
+        body.update(messages=prompt["messages"], tools=prompt["tools"], tool_choice="required")
+    else:
+        path = "/v1/completions"
+        body.update(prompt=prompt, ignore_eos=True)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
                                  data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     times, text, last = [], [], None
@@ -95,9 +109,14 @@ def stream(port, prompt, n):
             ev = json.loads(line[6:])
             last = ev
             ch = ev.get("choices") or []
-            if ch and ch[0].get("text"):
+            piece = ch[0].get("text") if ch else None
+            if ch and "delta" in ch[0]:
+                d = ch[0]["delta"]
+                piece = (d.get("content") or "") + "".join(
+                    (c.get("function") or {}).get("arguments") or "" for c in d.get("tool_calls") or [])
+            if piece:
                 times.append(time.perf_counter())
-                text.append(ch[0]["text"])
+                text.append(piece)
     return times, "".join(text), last
 
 
@@ -108,7 +127,7 @@ def one(engine, a, k, prompt):
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or None)
     try:
         wait_ready(port, p)
-        stream(port, "Hello", 8)  # warm-up
+        stream(port, "Hello", 8)  # warm-up (also for chat: the raw path warms the kernels)
         times, text, last = stream(port, prompt, a.tg)
         usage = (last or {}).get("usage") or {}
         n = usage.get("completion_tokens") or len(times)
@@ -138,7 +157,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tg", type=int, default=192)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt-file", default=os.path.join(HERE, "edit-code.chatml.txt"))
+    ap.add_argument("--prompt-file", default=os.path.join(HERE, "edit-code.chatml.txt"),
+                    help="raw prompt text, or a .json file of chat messages and tools "
+                         "(e.g. tool-json.json: a tool call under tool_choice required)")
     ap.add_argument("--engines", default="tempo9,llama.cpp")
     ap.add_argument("--llama-ngram", default="ngram-simple",
                     help="llama.cpp's --spec-type for --mode ngram (ngram-simple, ngram-map-k, ngram-mod, ngram-cache)")
@@ -146,6 +167,8 @@ def main():
     if a.mode == "draft" and not a.draft:
         sys.exit("--mode draft needs --draft")
     prompt = open(a.prompt_file).read()
+    if a.prompt_file.endswith(".json"):
+        prompt = json.loads(prompt)
     ks = [0] + [int(x) for x in a.ks.split(",")]
     rows = []
     for r in range(a.reps):
