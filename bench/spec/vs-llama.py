@@ -10,7 +10,9 @@ the time after the first. A .json prompt file (bench/spec/tool-json.json) holds 
 messages and tools instead: the request is a streamed chat completion with
 tool_choice required, and the answer is the tool call's arguments, decoded under
 each engine's own tool-call grammar (so the two engines' texts may differ; each is
-compared with its own run without drafts). Rounds alternate engines and configurations; medians.
+compared with its own run without drafts). Its rate is all tokens over the whole
+request, whose prompt a one-token warm-up request put in each engine's cache: a
+tool call may be streamed whole at its end. Rounds alternate engines and configurations; medians.
 Acceptance comes from each server's own counters (Tempo9: usage
 completion_tokens_details; llama.cpp: timings draft_n / draft_n_accepted).
 
@@ -101,6 +103,7 @@ def stream(port, prompt, n):
                                  data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     times, text, last = [], [], None
+    t_start = time.perf_counter()
     with urllib.request.urlopen(req, timeout=1200) as r:
         for line in r:
             line = line.decode().strip()
@@ -117,6 +120,10 @@ def stream(port, prompt, n):
             if piece:
                 times.append(time.perf_counter())
                 text.append(piece)
+    if isinstance(prompt, dict):
+        # Tool calls may come in one piece at the end (Tempo9 streams a call whole):
+        # time the whole request instead (its prompt was cached by a warm-up).
+        times = [t_start, time.perf_counter()]
     return times, "".join(text), last
 
 
@@ -127,11 +134,16 @@ def one(engine, a, k, prompt):
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or None)
     try:
         wait_ready(port, p)
-        stream(port, "Hello", 8)  # warm-up (also for chat: the raw path warms the kernels)
+        stream(port, "Hello", 8)  # warm-up
+        if isinstance(prompt, dict):
+            stream(port, prompt, 1)  # the chat's prompt into each engine's cache
         times, text, last = stream(port, prompt, a.tg)
         usage = (last or {}).get("usage") or {}
         n = usage.get("completion_tokens") or len(times)
-        tok_s = (n - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+        # Raw prompts: tokens after the first over the time after the first; chats:
+        # all tokens over the whole (prompt-cached) request.
+        done = n if isinstance(prompt, dict) else n - 1
+        tok_s = done / (times[-1] - times[0]) if len(times) > 1 else 0.0
         det = usage.get("completion_tokens_details") or {}
         tim = (last or {}).get("timings") or {}
         drafted = det.get("accepted_prediction_tokens", 0) + det.get("rejected_prediction_tokens", 0)
