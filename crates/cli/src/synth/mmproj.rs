@@ -8,6 +8,7 @@
 //! published-shape one is for speed tests on a GPU.
 
 use tempo9_ggml::{quantize_rows, DType};
+use tempo9_gguf::{ArrayValue, GgmlType, GgufWriter, Value};
 
 /// A Qwen3-VL projector's shape (llama.cpp's `clip.vision.*` keys).
 pub struct ProjectorShape {
@@ -153,64 +154,45 @@ fn tensor_shapes(sh: &ProjectorShape) -> Vec<(String, Vec<usize>)> {
     t
 }
 
-/// The tests' minimal GGUF v3 writer (string, u32, f32, bool and f32-array
-/// keys; F32 and F16 tensors), kept byte-identical to theirs for the tiny file.
+/// A small projector file's writer: metadata and whole tensors in memory (F32 or
+/// F16), written through [`GgufWriter`] (the layout of the tests' files).
 pub(crate) struct Writer {
-    kv: Vec<u8>,
-    n_kv: u64,
-    /// Name, shape, ggml type (0 = F32, 1 = F16) and data.
-    tensors: Vec<(String, Vec<usize>, u32, Vec<u8>)>,
+    gguf: GgufWriter,
+    data: Vec<Vec<u8>>,
 }
 
 impl Writer {
     pub(crate) fn new(arch: &str) -> Writer {
         let mut w = Writer {
-            kv: Vec::new(),
-            n_kv: 0,
-            tensors: Vec::new(),
+            gguf: GgufWriter::new(),
+            data: Vec::new(),
         };
         w.string("general.architecture", arch);
         w
     }
 
-    fn key(&mut self, k: &str, ty: u32) {
-        self.kv.extend((k.len() as u64).to_le_bytes());
-        self.kv.extend(k.as_bytes());
-        self.kv.extend(ty.to_le_bytes());
-        self.n_kv += 1;
-    }
-
     pub(crate) fn string(&mut self, k: &str, v: &str) {
-        self.key(k, 8);
-        self.kv.extend((v.len() as u64).to_le_bytes());
-        self.kv.extend(v.as_bytes());
+        self.gguf.set(k, Value::String(v.into()));
     }
 
     pub(crate) fn u32(&mut self, k: &str, v: u32) {
-        self.key(k, 4);
-        self.kv.extend(v.to_le_bytes());
+        self.gguf.set(k, Value::U32(v));
     }
 
     pub(crate) fn f32(&mut self, k: &str, v: f32) {
-        self.key(k, 6);
-        self.kv.extend(v.to_le_bytes());
+        self.gguf.set(k, Value::F32(v));
     }
 
     pub(crate) fn bool(&mut self, k: &str, v: bool) {
-        self.key(k, 7);
-        self.kv.push(u8::from(v));
+        self.gguf.set(k, Value::Bool(v));
     }
 
     pub(crate) fn f32_array(&mut self, k: &str, v: &[f32]) {
-        self.key(k, 9);
-        self.kv.extend(6u32.to_le_bytes());
-        self.kv.extend((v.len() as u64).to_le_bytes());
-        for x in v {
-            self.kv.extend(x.to_le_bytes());
-        }
+        self.gguf.set(k, Value::Array(ArrayValue::F32(v.to_vec())));
     }
 
-    /// A tensor of xorshift64 values in [-0.2, 0.2] × `scale`, stored as `ty`.
+    /// A tensor of xorshift64 values in [-0.2, 0.2] × `scale`, stored as `ty`
+    /// (0 = F32, 1 = F16).
     pub(crate) fn tensor(
         &mut self,
         name: &str,
@@ -228,51 +210,38 @@ impl Writer {
                 ((*seed % 2001) as f32 / 1000.0 - 1.0) * 0.2 * scale
             })
             .collect();
-        let bytes = match ty {
-            0 => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            _ => quantize_rows(DType::F16, &data, shape[0]).expect("F16 needs no blocks"),
+        let (dtype, bytes) = match ty {
+            0 => (
+                GgmlType::F32,
+                data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+            _ => (
+                GgmlType::F16,
+                quantize_rows(DType::F16, &data, shape[0]).expect("F16 needs no blocks"),
+            ),
         };
-        self.tensors.push((name.into(), shape.to_vec(), ty, bytes));
+        self.push(name, shape, dtype, bytes);
     }
 
     /// A tensor of the given values, F32 (scalars such as clamp bounds).
     pub(crate) fn tensor_values(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
         assert_eq!(shape.iter().product::<usize>(), data.len(), "{name}");
         let bytes = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.tensors.push((name.into(), shape.to_vec(), 0, bytes));
+        self.push(name, shape, GgmlType::F32, bytes);
+    }
+
+    fn push(&mut self, name: &str, shape: &[usize], dtype: GgmlType, bytes: Vec<u8>) {
+        let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        self.gguf
+            .add_tensor(name, &shape, dtype)
+            .expect("a projector tensor of a known shape");
+        self.data.push(bytes);
     }
 
     pub(crate) fn finish(self, w: &mut impl std::io::Write) -> std::io::Result<()> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend(self.n_kv.to_le_bytes());
-        out.extend(&self.kv);
-        let mut offset = 0u64;
-        for (name, shape, ty, data) in &self.tensors {
-            out.extend((name.len() as u64).to_le_bytes());
-            out.extend(name.as_bytes());
-            out.extend((shape.len() as u32).to_le_bytes());
-            for &d in shape {
-                out.extend((d as u64).to_le_bytes());
-            }
-            out.extend(ty.to_le_bytes());
-            out.extend(offset.to_le_bytes());
-            offset += (data.len() as u64).div_ceil(32) * 32;
-        }
-        pad32(&mut out);
-        w.write_all(&out)?;
-        for (_, _, _, data) in &self.tensors {
-            w.write_all(data)?;
-            w.write_all(&[0; 32][..data.len().next_multiple_of(32) - data.len()])?;
-        }
+        let data = self.data;
+        self.gguf.write(w, |i, _, out| out.write_all(&data[i]))?;
         Ok(())
-    }
-}
-
-fn pad32(out: &mut Vec<u8>) {
-    while !out.len().is_multiple_of(32) {
-        out.push(0);
     }
 }
 

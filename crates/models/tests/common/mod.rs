@@ -1,71 +1,56 @@
-//! Shared test helpers: a minimal GGUF writer for synthetic models, and locating
+//! Shared test helpers: a GGUF writer for synthetic models, and locating
 //! the real models.
 
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 
-/// Minimal GGUF v3 writer: string/u32/f32 metadata and F32 tensors.
+use tempo9_gguf::{ArrayValue, GgmlType, GgufWriter, Value};
+
+/// A synthetic model's writer: metadata and F32 tensors in memory, written
+/// through [`GgufWriter`] (the layout `tempo9 synth-gguf` writes).
 pub struct Writer {
-    kv: Vec<u8>,
-    n_kv: u64,
-    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    gguf: GgufWriter,
+    data: Vec<Vec<f32>>,
 }
 
 impl Writer {
     pub fn new(arch: &str) -> Writer {
         let mut w = Writer {
-            kv: Vec::new(),
-            n_kv: 0,
-            tensors: Vec::new(),
+            gguf: GgufWriter::new(),
+            data: Vec::new(),
         };
         w.string("general.architecture", arch);
         w
     }
-    pub fn key(&mut self, k: &str, ty: u32) {
-        self.kv.extend((k.len() as u64).to_le_bytes());
-        self.kv.extend(k.as_bytes());
-        self.kv.extend(ty.to_le_bytes());
-        self.n_kv += 1;
-    }
     pub fn string(&mut self, k: &str, v: &str) {
-        self.key(k, 8);
-        self.kv.extend((v.len() as u64).to_le_bytes());
-        self.kv.extend(v.as_bytes());
+        self.gguf.set(k, Value::String(v.into()));
     }
     pub fn u32(&mut self, k: &str, v: u32) {
-        self.key(k, 4);
-        self.kv.extend(v.to_le_bytes());
+        self.gguf.set(k, Value::U32(v));
     }
     pub fn f32(&mut self, k: &str, v: f32) {
-        self.key(k, 6);
-        self.kv.extend(v.to_le_bytes());
+        self.gguf.set(k, Value::F32(v));
     }
     pub fn bool(&mut self, k: &str, v: bool) {
-        self.key(k, 7);
-        self.kv.push(u8::from(v));
+        self.gguf.set(k, Value::Bool(v));
     }
     pub fn f32_array(&mut self, k: &str, v: &[f32]) {
-        self.key(k, 9);
-        self.kv.extend(6u32.to_le_bytes());
-        self.kv.extend((v.len() as u64).to_le_bytes());
-        for x in v {
-            self.kv.extend(x.to_le_bytes());
-        }
+        self.gguf.set(k, Value::Array(ArrayValue::F32(v.to_vec())));
     }
     pub fn i32_array(&mut self, k: &str, v: &[i32]) {
-        self.key(k, 9);
-        self.kv.extend(5u32.to_le_bytes());
-        self.kv.extend((v.len() as u64).to_le_bytes());
-        for x in v {
-            self.kv.extend(x.to_le_bytes());
-        }
+        self.gguf.set(k, Value::Array(ArrayValue::I32(v.to_vec())));
     }
     /// A tensor of given values.
     pub fn tensor_values(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
         assert_eq!(shape.iter().product::<usize>(), data.len());
-        self.tensors.push((name.into(), shape.to_vec(), data));
+        let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        self.gguf
+            .add_tensor(name, &shape, GgmlType::F32)
+            .expect("tensor");
+        self.data.push(data);
     }
+    /// A tensor of xorshift64 values in [-0.2, 0.2].
     pub fn tensor(&mut self, name: &str, shape: &[usize], seed: &mut u64) {
         let n: usize = shape.iter().product();
         let data = (0..n)
@@ -76,38 +61,13 @@ impl Writer {
                 ((*seed % 2001) as f32 / 1000.0 - 1.0) * 0.2
             })
             .collect();
-        self.tensors.push((name.into(), shape.to_vec(), data));
+        self.tensor_values(name, shape, data);
     }
     pub fn finish(self) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend(self.n_kv.to_le_bytes());
-        out.extend(&self.kv);
-        let mut offset = 0u64;
-        for (name, shape, data) in &self.tensors {
-            out.extend((name.len() as u64).to_le_bytes());
-            out.extend(name.as_bytes());
-            out.extend((shape.len() as u32).to_le_bytes());
-            for &d in shape {
-                out.extend((d as u64).to_le_bytes());
-            }
-            out.extend(0u32.to_le_bytes()); // F32
-            out.extend(offset.to_le_bytes());
-            offset += (data.len() as u64 * 4).div_ceil(32) * 32;
-        }
-        while !out.len().is_multiple_of(32) {
-            out.push(0);
-        }
-        for (_, _, data) in &self.tensors {
-            for x in data {
-                out.extend(x.to_le_bytes());
-            }
-            while !out.len().is_multiple_of(32) {
-                out.push(0);
-            }
-        }
-        out
+        let data = self.data;
+        self.gguf
+            .to_bytes(|i| data[i].iter().flat_map(|x| x.to_le_bytes()).collect())
+            .expect("GGUF in memory")
     }
 }
 
