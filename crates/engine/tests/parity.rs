@@ -527,9 +527,11 @@ fn check_batched(
     // nats with its batch size alone (see LOGPROB_TOL_HYBRID), its CPU and CUDA runs
     // of these files by up to 0.68, and forced decodes of qwen35moe-tiny batched with
     // three others (experts picked for several rows at once) by up to 0.091 here,
-    // of gemma4moe-tiny by up to 0.355 (json, step 52; 0.151 on long_300), while
-    // alone it is within 1.2e-3 of llama.cpp on every step.
+    // of gemma4moe-tiny by up to 0.355 (json, step 52; 0.151 on long_300) with
+    // AVX-512 kernels and 0.657 with AVX2's (x86-64-v3 build, chat_code step 24),
+    // while alone it is within 1.2e-3 of llama.cpp on every step.
     let tie: f32 = match dir {
+        "gemma4moe-tiny" if KernelSet::current().short_name() == "x86_64-avx2" => 0.7,
         "gemma4moe-tiny" => 0.4,
         _ if dir.ends_with("-tiny") => 0.15,
         _ => 0.02,
