@@ -17,17 +17,18 @@
 # Nothing here patches requests: what breaks is fixed in the server.
 #
 # Environment: TEMPO9_BIN (default $CARGO_TARGET_DIR/release/tempo9), TEMPO9_MODELS,
-# AGENTS_NPM (where the npm packages are installed, default
-# ~/.cache/tempo9/agents), THREADS (server compute threads, default 1: on a
-# shared 2-core machine one thread is several times faster than two fighting
-# for cores), CLIENT_TIMEOUT (seconds per client, default 2400).
+# AGENT_MODEL (the GGUF file in TEMPO9_MODELS, without .gguf; default
+# qwen2.5-coder-0.5b-instruct-q4_k_m; give another a RUN_TAG), AGENTS_NPM (where
+# the npm packages are installed, default ~/.cache/tempo9/agents), THREADS
+# (server compute threads, default 1: on a shared 2-core machine one thread is
+# several times faster than two fighting for cores), CLIENT_TIMEOUT (seconds per client, default 2400).
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$PWD
 TARGET=${CARGO_TARGET_DIR:-$HOME/.cache/tempo9/target}
 BIN=${TEMPO9_BIN:-$TARGET/release/tempo9}
 MODELS=${TEMPO9_MODELS:-$HOME/.cache/tempo9/models}
-MODEL_FILE=$MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+MODEL_FILE=$MODELS/${AGENT_MODEL:-qwen2.5-coder-0.5b-instruct-q4_k_m}.gguf
 # The model id in OpenClaw's and opencode's provider configs (they need one):
 # any name the server does not refuse.
 CLIENT_MODEL=local

@@ -100,6 +100,17 @@ def server_generations(path):
     return ttfts, fins
 
 
+def model_mappings(path):
+    """The server's "requests for model X are answered by Y" lines: (X, Y) pairs."""
+    out = []
+    if os.path.exists(path):
+        for line in open(path, errors="replace"):
+            m = re.search(r'requests for model "([^"]*)" are answered by \'([^\']*)\'', line)
+            if m:
+                out.append([m.group(1), m.group(2)])
+    return out
+
+
 def summarize(d):
     recs = []
     p = os.path.join(d, "requests.jsonl")
@@ -123,6 +134,11 @@ def summarize(d):
         "client": os.path.basename(d),
         "version": read("version.txt").splitlines()[0] if read("version.txt") else "",
         "apis": sorted({r["path"].split("?")[0] for r in gens}),
+        # The model names the client sent (none configured on the server: issue 35),
+        # and the server's log of which model answered them.
+        "models_sent": sorted({str((r["request"] or {}).get("model")) for r in gens
+                               if isinstance(r["request"], dict)}),
+        "model_mapping": model_mappings(os.path.join(d, "server.log")),
         "other_requests": sorted({"%s %s %d" % (r["method"], r["path"].split("?")[0], r["status"])
                                   for r in recs if r not in gens}),
         "model_requests": len(gens),
@@ -138,18 +154,21 @@ def main():
     rows = [summarize(os.path.join(root, c)) for c in sorted(os.listdir(root))
             if os.path.isdir(os.path.join(root, c))]
     json.dump(rows, open(os.path.join(root, "summary.json"), "w"), indent=1)
-    print("| client | version | API | model requests | tool calls | 1st request: prompt tok, TTFT, total | 2nd request: prompt tok, cached tok, TTFT | exit |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| client | version | API | model sent | model requests | tool calls | 1st request: prompt tok, TTFT, total | 2nd request: prompt tok, cached tok, TTFT | every request: cached/prompt tok | exit |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for s in rows:
         rq = s["requests"]
         f = lambda x, k: "-" if x is None or x.get(k) is None else x[k]
         r1 = rq[0] if rq else None
         r2 = rq[1] if len(rq) > 1 else None
-        print("| %s | %s | %s | %d | %s | %s, %ss, %ss | %s, %s, %ss | %s |" % (
-            s["client"], s["version"], ", ".join(s["apis"]), s["model_requests"],
+        print("| %s | %s | %s | %s | %d | %s | %s, %ss, %ss | %s, %s, %ss | %s | %s |" % (
+            s["client"], s["version"], ", ".join(s["apis"]), ", ".join(s["models_sent"]),
+            s["model_requests"],
             ", ".join(s["tool_calls"]) or "none",
             f(r1, "prompt_tokens"), f(r1, "ttft_s"), f(r1, "total_s"),
-            f(r2, "prompt_tokens"), f(r2, "cached_tokens"), f(r2, "ttft_s"), s["exit"]))
+            f(r2, "prompt_tokens"), f(r2, "cached_tokens"), f(r2, "ttft_s"),
+            ", ".join("%s/%s" % (f(x, "cached_tokens"), f(x, "prompt_tokens")) for x in rq) or "-",
+            s["exit"]))
 
 
 if __name__ == "__main__":
