@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use common::*;
 use serde_json::Value;
-use tempo9_engine::{EngineConfig, EngineCore, Request, TokenConstraint, TokenMask};
+use tempo9_engine::{EngineConfig, EngineCore, Request};
 use tempo9_ggml::{Device, KernelSet};
 use tempo9_models::{LoadOptions, Model, MATMUL_DECODE_ABOVE};
 use tempo9_tokenizer::Tokenizer;
@@ -377,35 +377,6 @@ fn exact_check(dir: &str, model: &Arc<Model>, tok: &Arc<Tokenizer>, fx: &Fixture
     solo
 }
 
-/// Allows exactly the reference's next token: teacher forcing through the engine's
-/// grammar hook (the reported log-probabilities are of the raw distribution).
-struct Forced {
-    tokens: Vec<u32>,
-    at: usize,
-    n_vocab: usize,
-}
-
-impl TokenConstraint for Forced {
-    fn compute_mask(&mut self) -> Result<TokenMask, String> {
-        let t = *self.tokens.get(self.at).ok_or("past the forced tokens")?;
-        let mut m = TokenMask::none(self.n_vocab.max(t as usize + 1));
-        m.allow(t);
-        Ok(m)
-    }
-
-    fn accept(&mut self, token: u32) -> Result<(), String> {
-        if self.tokens.get(self.at) != Some(&token) {
-            return Err(format!("token {token} is not the forced one"));
-        }
-        self.at += 1;
-        Ok(())
-    }
-
-    fn is_finished(&self) -> bool {
-        self.at >= self.tokens.len()
-    }
-}
-
 /// A fixture case's prompt with its recorded tokens forced.
 fn forced_request(c: &Value, top: usize, n_vocab: usize) -> Request {
     let tokens = ids(&c["tokens"]);
@@ -416,6 +387,7 @@ fn forced_request(c: &Value, top: usize, n_vocab: usize) -> Request {
         tokens,
         at: 0,
         n_vocab,
+        tells: false,
     }));
     r
 }

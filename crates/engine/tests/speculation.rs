@@ -543,56 +543,6 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
 /// The larger real model of the draft pair (`scripts/fetch-models.sh qwen2.5-coder-1.5b`).
 const TARGET_1_5B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 
-/// Allows exactly `tokens` in order (a grammar with one answer). With `tells` it
-/// also names what it forces next and which drafts it would take; without, it
-/// keeps the trait's defaults (no forced tokens, every draft kept).
-struct OneAnswer {
-    tokens: Vec<u32>,
-    at: usize,
-    n_vocab: usize,
-    tells: bool,
-}
-
-impl tempo9_engine::TokenConstraint for OneAnswer {
-    fn compute_mask(&mut self) -> Result<tempo9_engine::TokenMask, String> {
-        let t = *self.tokens.get(self.at).ok_or("past the answer")?;
-        let mut m = tempo9_engine::TokenMask::none(self.n_vocab);
-        m.allow(t);
-        Ok(m)
-    }
-
-    fn accept(&mut self, token: u32) -> Result<(), String> {
-        if self.tokens.get(self.at) != Some(&token) {
-            return Err(format!("token {token} is not the answer's"));
-        }
-        self.at += 1;
-        Ok(())
-    }
-
-    fn is_finished(&self) -> bool {
-        self.at >= self.tokens.len()
-    }
-
-    fn forced_tokens(&mut self) -> Vec<u32> {
-        if self.tells {
-            self.tokens[self.at..].to_vec()
-        } else {
-            Vec::new()
-        }
-    }
-
-    fn accepted_prefix(&mut self, tokens: &[u32]) -> usize {
-        if !self.tells {
-            return tokens.len();
-        }
-        tokens
-            .iter()
-            .zip(&self.tokens[self.at..])
-            .take_while(|(a, b)| a == b)
-            .count()
-    }
-}
-
 /// Drafts under a constraint: what it forces is drafted first (every such draft
 /// taken, in fewer steps), and n-gram drafts it forbids are cut before they are
 /// verified (none rejected); the tokens are those of decoding without drafts.
@@ -619,7 +569,7 @@ fn constrained_requests_draft_what_the_constraint_forces_and_nothing_it_forbids(
     let run = |k: usize, tells: bool| {
         let mut core = engine(&model, &tok, k);
         let mut r = request(&prompt, answer.len());
-        r.constraint = Some(Box::new(OneAnswer {
+        r.constraint = Some(Box::new(Forced {
             tokens: answer.clone(),
             at: 0,
             n_vocab,

@@ -66,6 +66,28 @@ fn prompt(s: &Setup, task: &str, schema: &Value) -> Vec<u32> {
     s.tok.encode(&text, true, true)
 }
 
+/// `question` as a user turn through the model's chat template, tokenized.
+fn user_prompt(s: &Setup, question: &str) -> Vec<u32> {
+    let messages = [json!({"role": "user", "content": question})];
+    let text = s.chat.render(&messages, None, true).expect("render");
+    s.tok.encode(&text, true, true)
+}
+
+/// A deterministic engine with n-gram drafts of depth `k` (0: none).
+fn speculating_engine(s: &Setup, k: usize) -> EngineCore {
+    let config = EngineConfig {
+        kv_budget_bytes: Some(256 << 20),
+        max_context: Some(1024),
+        deterministic: true,
+        speculation: (k > 0).then_some(tempo9_engine::SpecConfig {
+            k,
+            ..Default::default()
+        }),
+        ..EngineConfig::default()
+    };
+    EngineCore::new(s.model.clone(), s.tok.clone(), config).unwrap()
+}
+
 struct Output {
     text: String,
     tokens: usize,
@@ -349,15 +371,7 @@ fn batched_steps_with_mixed_constraints() {
     ];
     let mut streams = Vec::new();
     for g in &grammars {
-        let text = s
-            .chat
-            .render(
-                &[json!({"role": "user", "content": "Name three colors."})],
-                None,
-                true,
-            )
-            .unwrap();
-        let mut req = Request::new(s.tok.encode(&text, true, true), 48);
+        let mut req = Request::new(user_prompt(&s, "Name three colors."), 48);
         req.constraint = g
             .as_ref()
             .map(|g| Box::new(s.compiler.compile(g).unwrap()) as Box<dyn TokenConstraint>);
@@ -401,25 +415,11 @@ fn speculation_under_a_schema_changes_nothing() {
         &schema,
     );
     let run = |k: usize, others: bool| -> (Vec<Output>, u64) {
-        let config = EngineConfig {
-            kv_budget_bytes: Some(256 << 20),
-            max_context: Some(1024),
-            deterministic: true,
-            speculation: (k > 0).then_some(tempo9_engine::SpecConfig {
-                k,
-                ..Default::default()
-            }),
-            ..EngineConfig::default()
-        };
-        let mut core = EngineCore::new(s.model.clone(), s.tok.clone(), config).unwrap();
+        let mut core = speculating_engine(&s, k);
         let mut prompts = vec![p.clone()];
         if others {
             for q in ["Name three colors.", "Count to five.", "Say hello."] {
-                let text = s
-                    .chat
-                    .render(&[json!({"role": "user", "content": q})], None, true)
-                    .unwrap();
-                prompts.push(s.tok.encode(&text, true, true));
+                prompts.push(user_prompt(&s, q));
             }
         }
         let mut streams = Vec::new();
@@ -478,27 +478,9 @@ fn a_schema_drafts_its_forced_keys() {
     astray.extend(s.tok.encode("zzz", false, false));
     assert_eq!(c.accepted_prefix(&astray), 1);
 
-    let chat = s
-        .chat
-        .render(
-            &[json!({"role": "user", "content": "Tell me about you."})],
-            None,
-            true,
-        )
-        .unwrap();
-    let p = s.tok.encode(&chat, true, true);
+    let p = user_prompt(&s, "Tell me about you.");
     let run = |k: usize| {
-        let config = EngineConfig {
-            kv_budget_bytes: Some(256 << 20),
-            max_context: Some(1024),
-            deterministic: true,
-            speculation: (k > 0).then_some(tempo9_engine::SpecConfig {
-                k,
-                ..Default::default()
-            }),
-            ..EngineConfig::default()
-        };
-        let mut core = EngineCore::new(s.model.clone(), s.tok.clone(), config).unwrap();
+        let mut core = speculating_engine(&s, k);
         let mut req = Request::new(p.clone(), 48);
         req.constraint = Some(Box::new(s.compiler.compile(&g).unwrap()));
         let mut stream = core.submit(req).unwrap();

@@ -165,3 +165,54 @@ pub fn manifest_dir() -> PathBuf {
 pub fn codegen() -> String {
     tempo9_ggml::KernelSet::codegen()
 }
+
+/// Allows exactly `tokens` in order: teacher forcing through the engine's grammar
+/// hook (parity), or a grammar with one answer (speculation). With `tells` it also
+/// names what it forces next and which drafts it would take; without, it keeps the
+/// trait's defaults (no forced tokens, every draft kept).
+pub struct Forced {
+    pub tokens: Vec<u32>,
+    pub at: usize,
+    pub n_vocab: usize,
+    pub tells: bool,
+}
+
+impl tempo9_engine::TokenConstraint for Forced {
+    fn compute_mask(&mut self) -> Result<tempo9_engine::TokenMask, String> {
+        let t = *self.tokens.get(self.at).ok_or("past the forced tokens")?;
+        let mut m = tempo9_engine::TokenMask::none(self.n_vocab.max(t as usize + 1));
+        m.allow(t);
+        Ok(m)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        if self.tokens.get(self.at) != Some(&token) {
+            return Err(format!("token {token} is not the forced one"));
+        }
+        self.at += 1;
+        Ok(())
+    }
+
+    fn is_finished(&self) -> bool {
+        self.at >= self.tokens.len()
+    }
+
+    fn forced_tokens(&mut self) -> Vec<u32> {
+        if self.tells {
+            self.tokens[self.at..].to_vec()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn accepted_prefix(&mut self, tokens: &[u32]) -> usize {
+        if !self.tells {
+            return tokens.len();
+        }
+        tokens
+            .iter()
+            .zip(&self.tokens[self.at..])
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
+}
