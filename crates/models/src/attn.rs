@@ -541,16 +541,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn decodes_on_a_grid_share_one_strided_op() {
-        // Windows at cells 64, 0 and 192 (stride 64, region 2 unused); the fourth
-        // sees cells 8, 9, 10, 11, 4 (not ascending) and keeps its own op.
-        let b = batch(vec![
+    /// Decode rows whose windows start at cells 64, 0 and 192 (one grid of stride
+    /// 64), and a fourth that sees cells 8, 9, 10, 11, 4 (not ascending).
+    fn three_on_a_grid_and_one_off() -> StepBatch {
+        batch(vec![
             decode(0, &[(64, 16)], 2),
             decode(1, &[(0, 16)], 3),
             decode(2, &[(192, 16)], 0),
             decode(3, &[(8, 4), (4, 4)], 4),
-        ]);
+        ])
+    }
+
+    #[test]
+    fn decodes_on_a_grid_share_one_strided_op() {
+        // Windows at cells 64, 0 and 192 (stride 64, region 2 unused); the fourth
+        // sees cells 8, 9, 10, 11, 4 (not ascending) and keeps its own op.
+        let b = three_on_a_grid_and_one_off();
         // A 512-cell pool has no room for 4 regions of a rounded width.
         let ops = plan(&b, 512, true);
         assert_eq!(ops.len(), 2);
@@ -599,12 +605,7 @@ mod tests {
     /// cell of the window; the graph's shape does not depend on the cells.
     #[test]
     fn decode_rows_off_one_grid_share_a_gathered_op() {
-        let b = batch(vec![
-            decode(0, &[(64, 16)], 2),
-            decode(1, &[(0, 16)], 3),
-            decode(2, &[(192, 16)], 0),
-            decode(3, &[(8, 4), (4, 4)], 4),
-        ]);
+        let b = three_on_a_grid_and_one_off();
         assert_eq!(plan(&b, 512, true).len(), 2);
         for cpu in [true, false] {
             let ops = super::plan(&b, 0, 512, cpu);
