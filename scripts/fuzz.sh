@@ -9,7 +9,7 @@
 # ~/.cache/tempo9/fuzz/<target>); crashes land in fuzz/artifacts/<target>/. Copy an
 # input worth keeping into fuzz/corpus/<target>/ and the stable seeded run
 # (cargo test -p tempo9-fuzz-targets --test seeded) replays it in every test run.
-# A summary line per target: executions, corpus size, crashes.
+# A summary line per target: executions, exec/s, coverage, corpus size, crashes.
 #
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). Builds into
 # ~/.cache/tempo9/target-fuzz. No sanitizer (ggml's C++ libraries are not built for
@@ -47,7 +47,10 @@ for t in "${targets[@]}"; do
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     corpus=$(find "$work/$t" -type f | wc -l)
     crashes=$(find "fuzz/artifacts/$t" -type f | wc -l)
-    line="$t: ${execs:-?} executions in ${secs} s, scratch corpus $corpus inputs, $crashes crash files, exit $rc"
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+    # libFuzzer's last status line: cov (edges), ft (features), corp (units/bytes).
+    last=$(grep -E '^#[0-9]+' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+')
+    line="$t: ${execs:-?} executions in ${secs} s (${rate:-?}/s), ${last:-?}, scratch corpus $corpus inputs, $crashes crash files, exit $rc"
     summary+=("$line")
     echo "$line" >&2
     if [ $rc -ne 0 ]; then

@@ -356,8 +356,10 @@ fn read_tensor_info(
             name,
         });
     };
-    let n_rows: u64 = shape[1..].iter().product(); // divides n_elements, cannot overflow
-    let Some(n_bytes) = row_bytes.checked_mul(n_rows) else {
+    // Divides n_elements unless a dimension is 0 (then n_elements is 0 whatever the
+    // others are, and their product may overflow): checked.
+    let n_rows = shape[1..].iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let Some(n_bytes) = n_rows.and_then(|n| row_bytes.checked_mul(n)) else {
         return Err(GgufError::InvalidShape {
             reason: "byte size overflows u64".to_string(),
             name,
@@ -499,4 +501,34 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
         metadata,
         tensors,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{GgufError, GgufFile};
+
+    /// Found by libFuzzer (fuzz target `gguf`): a zero first dimension made the
+    /// element count 0, so the product of the other dimensions (the row count)
+    /// could overflow u64 and panic. It is an `InvalidShape` error.
+    #[test]
+    fn zero_dimension_with_overflowing_row_count_is_an_error() {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes()); // version
+        b.extend_from_slice(&1u64.to_le_bytes()); // tensors
+        b.extend_from_slice(&0u64.to_le_bytes()); // metadata
+        b.extend_from_slice(&1u64.to_le_bytes()); // name length
+        b.push(b't');
+        b.extend_from_slice(&3u32.to_le_bytes()); // dimensions
+        for d in [0u64, 1 << 40, 1 << 40] {
+            b.extend_from_slice(&d.to_le_bytes());
+        }
+        b.extend_from_slice(&0u32.to_le_bytes()); // F32
+        b.extend_from_slice(&0u64.to_le_bytes()); // offset
+        b.resize(b.len().next_multiple_of(32), 0);
+        match GgufFile::from_bytes(b) {
+            Err(GgufError::InvalidShape { .. }) => {}
+            other => panic!("want InvalidShape, got {:?}", other.map(|_| ())),
+        }
+    }
 }

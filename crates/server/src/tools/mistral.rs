@@ -11,6 +11,8 @@ use super::{
 const TOOL_CALLS: &str = "[TOOL_CALLS]";
 const ARGS: &str = "[ARGS]";
 const CALL_ID: &str = "[CALL_ID]";
+/// A function name this long or longer is not a call.
+const MAX_NAME: usize = 256;
 
 enum State {
     Text,
@@ -22,6 +24,11 @@ enum State {
 pub struct MistralParser {
     state: State,
     buf: String,
+    /// The whitespace trimmed before the last `[TOOL_CALLS]`: given back as text
+    /// when what follows is not a call.
+    trimmed: String,
+    /// Just after a call: leading whitespace is dropped, however it arrives.
+    after_call: bool,
 }
 
 impl MistralParser {
@@ -30,6 +37,8 @@ impl MistralParser {
         MistralParser {
             state: State::Text,
             buf: String::new(),
+            trimmed: String::new(),
+            after_call: false,
         }
     }
 
@@ -57,8 +66,17 @@ impl MistralParser {
         }
         // name[ARGS]{…} or name[CALL_ID]id[ARGS]{…}
         let Some(a) = t.find(ARGS) else {
-            let name_part = t.split(CALL_ID).next().unwrap_or(t);
-            let plausible = !name_part.contains(char::is_whitespace) && name_part.len() < 256;
+            // Judged as the whole name is below (trailing whitespace is trimmed
+            // there; the text may end in the start of `[ARGS]` or `[CALL_ID]`), so
+            // that a name decides the same however the output arrives.
+            let mut name_part = t.split(CALL_ID).next().unwrap_or(t);
+            let partial = [ARGS, CALL_ID]
+                .iter()
+                .flat_map(|m| (1..m.len()).filter(|&k| name_part.ends_with(&m[..k])))
+                .max()
+                .unwrap_or(0);
+            name_part = name_part[..name_part.len() - partial].trim_end();
+            let plausible = !name_part.contains(char::is_whitespace) && name_part.len() < MAX_NAME;
             return if at_end || !plausible {
                 Err(())
             } else {
@@ -67,7 +85,7 @@ impl MistralParser {
         };
         let head = &t[..a];
         let name = head.split(CALL_ID).next().unwrap_or(head).trim();
-        if name.is_empty() || name.contains(char::is_whitespace) {
+        if name.is_empty() || name.contains(char::is_whitespace) || name.len() >= MAX_NAME {
             return Err(());
         }
         let rest = &t[a + ARGS.len()..];
@@ -120,15 +138,29 @@ impl ToolParser for MistralParser {
         self.buf.push_str(text);
         loop {
             match self.state {
+                State::Text if self.after_call => {
+                    let t = self.buf.trim_start();
+                    if t.is_empty() {
+                        self.buf.clear();
+                        return;
+                    }
+                    self.buf = t.to_string();
+                    self.after_call = false;
+                }
                 State::Text => match self.buf.find(TOOL_CALLS) {
                     Some(p) => {
                         let before: String = self.buf.drain(..p).collect();
-                        push_text(out, before.trim_end());
+                        let kept = before.trim_end();
+                        push_text(out, kept);
+                        self.trimmed = before[kept.len()..].to_string();
                         self.buf.drain(..TOOL_CALLS.len());
                         self.state = State::Calls;
                     }
                     None => {
+                        // Trailing whitespace waits: it is trimmed if `[TOOL_CALLS]`
+                        // follows, as when the output arrives whole.
                         let n = safe_len(&self.buf, &[TOOL_CALLS]);
+                        let n = self.buf[..n].trim_end().len();
                         let t: String = self.buf.drain(..n).collect();
                         push_text(out, &t);
                         return;
@@ -139,15 +171,17 @@ impl ToolParser for MistralParser {
                         out.extend(calls.into_iter().map(Piece::Call));
                         // Newer templates repeat `[TOOL_CALLS]` before each call;
                         // the text state finds it again.
-                        self.buf = self.buf.trim_start().to_string();
+                        self.after_call = true;
                         self.state = State::Text;
                     }
                     Ok(None) => return,
                     Err(()) => {
-                        let t = format!("{TOOL_CALLS}{}", std::mem::take(&mut self.buf));
+                        // Only the marker is text: what follows is scanned again (a
+                        // later `[TOOL_CALLS]` may start a call), as it would be had
+                        // it not arrived yet.
+                        let t = format!("{}{TOOL_CALLS}", std::mem::take(&mut self.trimmed));
                         push_text(out, &t);
                         self.state = State::Text;
-                        return;
                     }
                 },
             }
@@ -168,7 +202,11 @@ impl ToolParser for MistralParser {
                         push_text(out, rest.trim());
                     }
                     None => {
-                        let t = format!("{TOOL_CALLS}{}", std::mem::take(&mut self.buf));
+                        let t = format!(
+                            "{}{TOOL_CALLS}{}",
+                            std::mem::take(&mut self.trimmed),
+                            std::mem::take(&mut self.buf)
+                        );
                         push_text(out, &t);
                     }
                 },
@@ -230,5 +268,36 @@ mod tests {
         assert_eq!(run(t), vec![text(t)]);
         let t = "a [TOOL_CALL b";
         assert_eq!(run(t), vec![text(t)]);
+    }
+
+    /// Found by libFuzzer (fuzz target `tool_parsers`), each whole vs in pieces:
+    /// the whitespace before a `[TOOL_CALLS]` that starts no call was dropped
+    /// whole but kept in pieces (kept now); everything after such a marker was
+    /// text whole but a later call was a call in pieces (a call now); whitespace
+    /// after a call was dropped whole but kept in pieces (dropped now); a name of
+    /// 256 bytes or more was a call whole but not in pieces (not a call now), and
+    /// so was a name followed by whitespace before `[ARGS]` (a call now).
+    #[test]
+    fn whitespace_before_a_failed_marker_stays_however_it_arrives() {
+        let t = "ok \u{b}[TOOL_CALLS]get_w&ather[A x";
+        assert_eq!(run(t), vec![text(t)]);
+        // And a call after a marker that starts none is still a call.
+        assert_eq!(
+            run("a [TOOL_CALLS]f[ARGS]{\u{7f}} b [TOOL_CALLS]g[ARGS]{} c"),
+            vec![
+                text("a [TOOL_CALLS]f[ARGS]{\u{7f}} b"),
+                call("g", "{}"),
+                text("c")
+            ]
+        );
+        // Whitespace between the name and `[ARGS]` is trimmed, whole or in pieces.
+        assert_eq!(run("[TOOL_CALLS]f \n[ARGS]{}"), vec![call("f", "{}")]);
+        // A name too long is no call, whole or in pieces.
+        let t = format!("[TOOL_CALLS]{}[ARGS]{{}}", "n".repeat(300));
+        assert_eq!(run(&t), vec![text(&t)]);
+        assert_eq!(
+            run("Checking. \n[TOOL_CALLS]f[ARGS]{}"),
+            vec![text("Checking."), call("f", "{}")]
+        );
     }
 }
