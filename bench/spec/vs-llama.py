@@ -24,6 +24,8 @@ Env: TEMPO9 (binary; default ~/.cache/tempo9/target/release/tempo9),
 Mode map: draft -> llama.cpp --spec-type draft-simple -md D (--spec-draft-n-max k,
 --spec-draft-n-min 0); ngram -> --spec-type ngram-simple (--spec-ngram-simple-size-m k),
 or another n-gram type with --llama-ngram (--spec-draft-n-max k, its defaults otherwise).
+Engine tempo9-fixed is Tempo9 drafting k tokens whenever it finds drafts
+(--speculation-fixed-depth) instead of its planned depths.
 JSON lines of every run on stdout, a table on stderr.
 """
 import argparse
@@ -62,12 +64,14 @@ def wait_ready(port, proc, timeout=300):
 
 
 def server_cmd(engine, a, k, port):
-    if engine == "tempo9":
+    if engine.startswith("tempo9"):
         t9 = os.environ.get("TEMPO9", f"{HOME}/.cache/tempo9/target/release/tempo9")
         cmd = [t9, "serve", "--gguf", a.model, "--port", str(port), "--threads", str(a.threads),
                "--no-kv-ssd", "--ctx", "4096", "--speculation-k", str(k)]
         if k > 0:
             cmd += ["--speculation", a.mode]
+            if engine == "tempo9-fixed":
+                cmd += ["--speculation-fixed-depth"]
             if a.mode == "draft":
                 cmd += ["--draft-gguf", a.draft]
         return cmd, {}

@@ -150,6 +150,12 @@ pub struct ModelArgs {
     /// already keeps the device busy).
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub speculation_max_batch: usize,
+    /// Draft `--speculation-k` tokens whenever drafts are found (llama.cpp's way).
+    /// By default each step's depth is planned per request from how often its
+    /// drafts were accepted and what a verification row measurably costs on this
+    /// device: deep where rows are cheap and drafts hold, none where they do not pay.
+    #[arg(long)]
+    pub speculation_fixed_depth: bool,
     /// Keep every token's K/V in sliding-window layers too (as llama.cpp's
     /// `--swa-full`). By default those layers (Gemma 3, GPT-OSS) hold only the pages
     /// their window sees, which for Gemma 3 cuts KV memory at long contexts by about
@@ -276,6 +282,7 @@ impl ModelArgs {
                 mode: self.speculation,
                 k: self.speculation_k.min(tempo9_engine::spec::MAX_DRAFT),
                 max_batch: self.speculation_max_batch,
+                fixed_depth: self.speculation_fixed_depth,
             }),
             ..EngineConfig::default()
         })

@@ -54,6 +54,10 @@ pub struct SpecConfig {
     /// No request drafts while more than this many requests decode: a large batch
     /// already fills the device, and rejected rows then cost more than they save.
     pub max_batch: usize,
+    /// Draft `k` tokens whenever drafts are found, whatever they cost (llama.cpp's
+    /// way). Off (the default), each step's depths are planned from each request's
+    /// acceptance and the measured cost of a step's rows ([`plan_depths`]).
+    pub fixed_depth: bool,
 }
 
 impl Default for SpecConfig {
@@ -62,6 +66,7 @@ impl Default for SpecConfig {
             mode: SpecMode::Ngram,
             k: 4,
             max_batch: 16,
+            fixed_depth: false,
         }
     }
 }
@@ -136,52 +141,65 @@ pub fn propose_predicted(answer: &[u32], prediction: &[u32], k: usize) -> Vec<u3
     Vec::new()
 }
 
-/// Verifications at depth 1 in a row that accept nothing before a request stops
-/// drafting for a while (drafts that never hold cost a verification row each step:
-/// 0.68x single-stream decode on the H200 with an MTP head whose drafts all fail).
-const MISSES_BEFORE_REST: usize = 8;
-/// Steps of the first rest; each rest after another run of misses is twice as long,
-/// up to [`LONGEST_REST`], and any accepted draft starts over.
+/// Steps without drafts before a request drafts one token again to measure its
+/// acceptance (a request whose drafts stopped holding, or that the plan left
+/// without drafts); doubled after each probe that accepts nothing, up to
+/// [`LONGEST_REST`], and back to this once a draft holds.
 const FIRST_REST: usize = 16;
 /// The longest rest, in steps.
 const LONGEST_REST: usize = 256;
+/// Weight of the past in a request's acceptance per verified draft token: about the
+/// last seven count (what an answer repeats changes within it: a tool call's keys
+/// and punctuation, then its values).
+const ACCEPT_DECAY: f64 = 0.85;
+/// A new request's acceptance counts as this many verified draft tokens at
+/// [`PRIOR_ACCEPTANCE`] (an optimistic start that its own drafts soon replace).
+const PRIOR_TRIES: f64 = 2.0;
+/// See [`PRIOR_TRIES`].
+const PRIOR_ACCEPTANCE: f64 = 0.8;
 
-/// A request's draft depth, adapted to how many of its drafts were accepted: up by
-/// one after a step that accepted all, halved after one that accepted none; after
-/// [`MISSES_BEFORE_REST`] misses at depth 1, no drafts for a rest of steps that
-/// doubles while the misses go on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A request's drafting record: how often its drafts are accepted, and how long
+/// it has gone without drafting. Each step's depth comes from [`plan_depths`].
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Depth {
-    /// Draft tokens to ask for next.
-    pub now: usize,
-    /// The configured most.
+    /// The configured most draft tokens per step.
     pub max: usize,
-    /// Verifications at depth 1 in a row that accepted nothing.
-    misses: usize,
-    /// Steps left without drafts.
-    resting: usize,
-    /// The next rest's length.
-    next_rest: usize,
+    /// Draft tokens accepted, decayed by [`ACCEPT_DECAY`] per verified token.
+    hits: f64,
+    /// Draft tokens verified up to and including the first rejected one, decayed
+    /// alike (the tokens after a rejection say nothing of acceptance).
+    tries: f64,
+    /// Steps in a row without drafts.
+    quiet: usize,
+    /// Quiet steps before the next probe.
+    probe_after: usize,
 }
 
 impl Depth {
     pub fn new(max: usize) -> Depth {
         Depth {
-            now: max,
             max,
-            misses: 0,
-            resting: 0,
-            next_rest: FIRST_REST,
+            hits: PRIOR_TRIES * PRIOR_ACCEPTANCE,
+            tries: PRIOR_TRIES,
+            quiet: 0,
+            probe_after: FIRST_REST,
         }
     }
 
-    /// Draft tokens to ask for in this step (0 while resting; counts the step).
-    pub fn take(&mut self) -> usize {
-        if self.resting > 0 {
-            self.resting -= 1;
-            return 0;
-        }
-        self.now
+    /// The chance that a draft token is accepted when the one before it was.
+    pub fn acceptance(&self) -> f64 {
+        self.hits / self.tries
+    }
+
+    /// Whether this step should draft at least one token to measure acceptance
+    /// again, after enough steps without drafts.
+    pub fn probe_due(&self) -> bool {
+        self.quiet >= self.probe_after
+    }
+
+    /// Records how many tokens this step drafts.
+    pub fn drafting(&mut self, k: usize) {
+        self.quiet = if k == 0 { self.quiet + 1 } else { 0 };
     }
 
     /// Records a verification of `drafted` tokens, `accepted` of them taken.
@@ -189,24 +207,154 @@ impl Depth {
         if drafted == 0 {
             return;
         }
-        if accepted > 0 {
-            self.misses = 0;
-            self.next_rest = FIRST_REST;
-        }
-        if accepted == drafted {
-            self.now = (self.now + 1).min(self.max);
-        } else if accepted == 0 {
-            if self.now == 1 {
-                self.misses += 1;
-                if self.misses >= MISSES_BEFORE_REST {
-                    self.misses = 0;
-                    self.resting = self.next_rest;
-                    self.next_rest = (self.next_rest * 2).min(LONGEST_REST);
-                }
-            }
-            self.now = (self.now / 2).max(1);
+        let tried = accepted + usize::from(accepted < drafted);
+        let keep = ACCEPT_DECAY.powi(tried as i32);
+        self.hits = keep * self.hits + accepted as f64;
+        self.tries = keep * self.tries + tried as f64;
+        self.probe_after = if accepted > 0 {
+            FIRST_REST
+        } else {
+            (self.probe_after * 2).min(LONGEST_REST)
+        };
+    }
+}
+
+/// What one step costs, as a line in its rows: `base + per_row * rows` seconds,
+/// fitted to the engine's recent decode-only steps (their whole time: drafting,
+/// the model, sampling), past steps weighing less. The fit is anchored by a prior
+/// (one more row costs `prior_row_share` of a one-row step) counted as two steps of
+/// 1 and 2 rows at the data's scale, so a few noisy steps, or steps whose rows have
+/// not varied, cannot tilt it far; a step slower than four times what the line
+/// says (the machine busy with something else) counts as four times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct StepCost {
+    /// Share of a one-row step that one more row costs, before measurements.
+    prior_row_share: f64,
+    /// Decayed sums: weight, rows, seconds, rows², rows × seconds.
+    n: f64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+}
+
+/// Weight of the past in [`StepCost`] per observed step.
+const COST_DECAY: f64 = 0.97;
+/// Weight of each of [`StepCost`]'s two prior steps.
+const COST_PRIOR_STEPS: f64 = 1.0;
+/// Bounds of the fitted cost of one more row, as a share of a one-row step. Above
+/// one: a drafted row can cost more than a whole plain step (a draft model's own
+/// forward pass per draft token, then the row's verification: 1.5B drafted by the
+/// 0.5B on two CPU cores decodes at 0.6x with every draft accepted).
+const ROW_SHARE: (f64, f64) = (0.01, 4.0);
+
+impl StepCost {
+    /// A cost model for a device on which one more row costs `prior_row_share` of a
+    /// one-row step until measured (the CPU: most of one; a GPU: little).
+    pub fn new(prior_row_share: f64) -> StepCost {
+        StepCost {
+            prior_row_share,
+            n: 0.0,
+            sx: 0.0,
+            sy: 0.0,
+            sxx: 0.0,
+            sxy: 0.0,
         }
     }
+
+    /// Records a decode-only step of `rows` rows that took `seconds`.
+    pub fn observe(&mut self, rows: usize, seconds: f64) {
+        let x = rows as f64;
+        let y = match self.line() {
+            Some((b, r)) => seconds.min(4.0 * (b + r * x)),
+            None => seconds,
+        };
+        self.n = COST_DECAY * self.n + 1.0;
+        self.sx = COST_DECAY * self.sx + x;
+        self.sy = COST_DECAY * self.sy + y;
+        self.sxx = COST_DECAY * self.sxx + x * x;
+        self.sxy = COST_DECAY * self.sxy + x * y;
+    }
+
+    /// [`StepCost::line`], or before any step the prior's split of a one-row step
+    /// of one (unknown) unit of time: what [`plan_depths`] needs is the ratio.
+    pub fn line_or_prior(&self) -> (f64, f64) {
+        self.line()
+            .unwrap_or((1.0 - self.prior_row_share, self.prior_row_share))
+    }
+
+    /// `(base, per_row)` in seconds, or `None` before any step.
+    pub fn line(&self) -> Option<(f64, f64)> {
+        if self.n < 1.0 {
+            return None;
+        }
+        let share = self.prior_row_share;
+        // The prior's one-row time at the data's scale, as steps of 1 and 2 rows.
+        let (mx, my) = (self.sx / self.n, self.sy / self.n);
+        let t1 = my / (1.0 + share * (mx - 1.0));
+        let (y1, y2) = (t1, t1 * (1.0 + share));
+        let w = COST_PRIOR_STEPS;
+        let n = self.n + 2.0 * w;
+        let (mx, my) = ((self.sx + 3.0 * w) / n, (self.sy + w * (y1 + y2)) / n);
+        let var = (self.sxx + 5.0 * w) / n - mx * mx;
+        let cov = (self.sxy + w * (y1 + 2.0 * y2)) / n - mx * my;
+        let slope = cov / var;
+        let one_row = my - slope * (mx - 1.0);
+        if one_row.is_nan() || one_row <= 0.0 {
+            return Some((t1 * (1.0 - share), t1 * share));
+        }
+        let s = (slope / one_row).clamp(ROW_SHARE.0, ROW_SHARE.1);
+        Some((one_row * (1.0 - s), one_row * s))
+    }
+}
+
+/// One decoding request's part in [`plan_depths`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct DepthAsk {
+    /// Most draft tokens it may take this step.
+    pub max: usize,
+    /// The chance each draft token is accepted when the one before it was.
+    pub acceptance: f64,
+    /// It drafts at least one token (a probe, see [`Depth::probe_due`]).
+    pub probe: bool,
+}
+
+/// Draft depths for one step in which `decoding` requests decode, `asks` of them
+/// may draft, the step costing `cost` (`(base, per_row)` seconds, see
+/// [`StepCost`]). Draft tokens are added best first: the `j`-th draft of a request
+/// with acceptance `a` adds `a^j` expected tokens and one row; one is added while
+/// that beats the tokens per second the step already yields (`a^j > per_row *
+/// tokens / seconds`). So drafts deepen while they hold and rows are cheap (a
+/// GPU's decode step), and stop where a row costs about a decode row (a small model
+/// on two CPU cores) or the step is already large.
+pub(crate) fn plan_depths(asks: &[DepthAsk], decoding: usize, cost: (f64, f64)) -> Vec<usize> {
+    let (base, per_row) = cost;
+    let mut depth = vec![0usize; asks.len()];
+    let mut tokens = decoding as f64;
+    let mut seconds = base + per_row * decoding as f64;
+    // The next draft's gain for each ask.
+    let gain = |i: usize, d: &[usize]| asks[i].acceptance.powi(d[i] as i32 + 1);
+    for (i, a) in asks.iter().enumerate() {
+        if a.probe && a.max > 0 {
+            tokens += gain(i, &depth);
+            depth[i] = 1;
+            seconds += per_row;
+        }
+    }
+    loop {
+        let best = (0..asks.len())
+            .filter(|&i| depth[i] < asks[i].max)
+            .max_by(|&i, &j| gain(i, &depth).total_cmp(&gain(j, &depth)));
+        let Some(i) = best else { break };
+        let g = gain(i, &depth);
+        if g * seconds <= per_row * tokens {
+            break;
+        }
+        depth[i] += 1;
+        tokens += g;
+        seconds += per_row;
+    }
+    depth
 }
 
 #[cfg(test)]
@@ -260,51 +408,125 @@ mod tests {
     }
 
     #[test]
-    fn depth_adapts_to_acceptance() {
+    fn acceptance_follows_recent_verifications() {
         let mut d = Depth::new(4);
-        d.update(4, 0);
-        assert_eq!(d.now, 2);
-        d.update(2, 0);
-        d.update(1, 0);
-        assert_eq!(d.now, 1);
-        d.update(1, 1);
-        assert_eq!(d.now, 2);
-        d.update(2, 1);
-        assert_eq!(d.now, 2);
-        for _ in 0..5 {
-            d.update(d.now, d.now);
+        assert!((d.acceptance() - PRIOR_ACCEPTANCE).abs() < 1e-9);
+        for _ in 0..30 {
+            d.update(4, 4);
         }
-        assert_eq!(d.now, 4);
+        assert!(d.acceptance() > 0.99, "{}", d.acceptance());
+        // A rejection counts its position; the drafts after it do not count.
+        let mut h = Depth::new(4);
+        for _ in 0..50 {
+            h.update(4, 1);
+        }
+        assert!((h.acceptance() - 0.5).abs() < 0.01, "{}", h.acceptance());
+        for _ in 0..30 {
+            d.update(2, 0);
+        }
+        assert!(d.acceptance() < 0.05, "{}", d.acceptance());
         d.update(0, 0);
-        assert_eq!(d.now, 4);
+        assert!(d.acceptance() < 0.05);
     }
 
     #[test]
-    fn depth_rests_after_misses_and_rests_longer_while_they_go_on() {
+    fn quiet_requests_probe_and_back_off_while_probes_miss() {
         let mut d = Depth::new(2);
-        let drafted_steps = |d: &mut Depth, steps: usize, accept: bool| {
+        let quiet = |d: &mut Depth| {
             let mut n = 0;
-            for _ in 0..steps {
-                let k = d.take();
-                if k > 0 {
-                    n += 1;
-                    d.update(k, if accept { k } else { 0 });
-                }
+            while !d.probe_due() {
+                d.drafting(0);
+                n += 1;
             }
+            d.drafting(1);
             n
         };
-        // Depth 2 -> 1, then 8 misses at depth 1, then a rest of 16 steps.
-        assert_eq!(drafted_steps(&mut d, 9, false), 9);
-        assert_eq!(d.take(), 0);
-        assert_eq!(drafted_steps(&mut d, 15, false), 0);
-        // Probing again: 8 misses, then a rest of 32.
-        assert_eq!(drafted_steps(&mut d, 8, false), 8);
-        assert_eq!(drafted_steps(&mut d, 32, false), 0);
-        // A draft that holds starts over: drafting every step, rests back to 16.
-        assert_eq!(drafted_steps(&mut d, 4, true), 4);
-        assert_eq!(d.now, 2);
-        assert_eq!(drafted_steps(&mut d, 9, false), 9);
-        assert_eq!(drafted_steps(&mut d, 16, false), 0);
-        assert_eq!(d.take(), 1);
+        assert_eq!(quiet(&mut d), 16);
+        d.update(1, 0);
+        assert_eq!(quiet(&mut d), 32);
+        d.update(1, 0);
+        assert_eq!(quiet(&mut d), 64);
+        // A draft that holds starts over.
+        d.update(1, 1);
+        assert_eq!(quiet(&mut d), 16);
+        for _ in 0..10 {
+            d.update(1, 0);
+        }
+        assert_eq!(quiet(&mut d), LONGEST_REST);
+    }
+
+    #[test]
+    fn step_cost_fits_a_line_in_rows() {
+        let mut c = StepCost::new(0.5);
+        assert_eq!(c.line(), None);
+        // Only one-row steps: the prior splits their time.
+        for _ in 0..10 {
+            c.observe(1, 0.010);
+        }
+        let (b, r) = c.line().unwrap();
+        assert!(
+            (b - 0.005).abs() < 1e-9 && (r - 0.005).abs() < 1e-9,
+            "{b} {r}"
+        );
+        // Steps of 1 to 5 rows at 8 ms + 2 ms a row.
+        for i in 0..200 {
+            let rows = 1 + i % 5;
+            c.observe(rows, 0.008 + 0.002 * rows as f64);
+        }
+        let (b, r) = c.line().unwrap();
+        assert!(
+            (b - 0.008).abs() < 1e-3 && (r - 0.002).abs() < 2e-4,
+            "{b} {r}"
+        );
+        // A step slowed tenfold by something else moves the row's share little.
+        c.observe(3, 0.14);
+        let (b2, r2) = c.line().unwrap();
+        let share = |b: f64, r: f64| r / (b + r);
+        assert!((share(b2, r2) - share(b, r)).abs() < 0.03, "{b2} {r2}");
+        // Steps costing nothing per row, or everything, stay within the bounds.
+        let mut free = StepCost::new(0.5);
+        let mut dear = StepCost::new(0.5);
+        for i in 0..100 {
+            let rows = 1 + i % 4;
+            free.observe(rows, 0.01);
+            dear.observe(rows, 0.01 * rows as f64);
+        }
+        let (b, r) = free.line().unwrap();
+        assert!(r / (b + r) <= 0.03, "{b} {r}");
+        let (b, r) = dear.line().unwrap();
+        assert!(r / (b + r) >= 0.9, "{b} {r}");
+    }
+
+    #[test]
+    fn depths_deepen_where_rows_are_cheap_and_drafts_hold() {
+        let ask = |acceptance, max| DepthAsk {
+            max,
+            acceptance,
+            probe: false,
+        };
+        // A GPU-like step (a row costs 2% of a one-row step): deep drafts while
+        // they mostly hold, shallow ones when they seldom do.
+        assert_eq!(plan_depths(&[ask(0.9, 8)], 1, (1.0, 0.02)), vec![8]);
+        assert_eq!(plan_depths(&[ask(0.2, 8)], 1, (1.0, 0.02)), vec![2]);
+        // Two CPU cores on a small model (a row costs about half a one-row step):
+        // shallower, and none when drafts seldom hold.
+        assert_eq!(plan_depths(&[ask(0.8, 4)], 1, (1.0, 1.0)), vec![2]);
+        assert_eq!(plan_depths(&[ask(0.3, 4)], 1, (1.0, 1.0)), vec![0]);
+        // The configured most, and a probe's one draft whatever it costs.
+        assert_eq!(plan_depths(&[ask(0.99, 3)], 1, (1.0, 0.0)), vec![3]);
+        let probe = DepthAsk {
+            probe: true,
+            ..ask(0.01, 4)
+        };
+        assert_eq!(plan_depths(&[probe], 1, (1.0, 1.0)), vec![1]);
+        // The best drafts across requests first; a large step takes fewer.
+        assert_eq!(
+            plan_depths(&[ask(0.9, 4), ask(0.5, 4)], 2, (1.0, 0.1)),
+            vec![4, 1]
+        );
+        assert_eq!(
+            plan_depths(&[ask(0.9, 4), ask(0.5, 4)], 32, (1.0, 0.1)),
+            vec![2, 0]
+        );
     }
 }

@@ -35,7 +35,7 @@ fn engine_mode(model: &Arc<Model>, tok: &Arc<Tokenizer>, k: usize, mode: SpecMod
 }
 
 /// A deterministic engine's settings, with drafts of depth `k` (0: none) from
-/// `draft` (None: n-gram drafts).
+/// `draft` (None: n-gram drafts), always `k` deep where drafts are found.
 fn config(k: usize, draft: Option<&Arc<Model>>) -> EngineConfig {
     EngineConfig {
         deterministic: true,
@@ -49,6 +49,9 @@ fn config(k: usize, draft: Option<&Arc<Model>>) -> EngineConfig {
             },
             k,
             max_batch: 16,
+            // Depth k for real (the checks here are of verification at that depth);
+            // the planned depths run in `drafts_are_exact`'s last batch.
+            fixed_depth: true,
         }),
         draft_model: draft.map(|d| DraftModel(d.clone())),
         ..EngineConfig::default()
@@ -361,6 +364,24 @@ fn drafts_are_exact(file: &str, predicted: bool, mode: SpecMode) -> bool {
         assert!(k == 0 || st.draft_tokens_total > 0, "{file}: {st:?}");
         assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
     }
+    // The same four with depths planned per step (up to 4) from acceptance and the
+    // measured step cost, as the server runs by default: still the same tokens.
+    let mut c = config(4, None);
+    if let Some(s) = c.speculation.as_mut() {
+        s.mode = mode;
+        s.fixed_depth = false;
+    }
+    let mut eng = EngineCore::new(model.clone(), tok.clone(), c).expect("engine");
+    let got = run_batch(&mut eng, (0..ps.len()).map(req).collect());
+    for (i, g) in got.iter().enumerate() {
+        check(4, i, g, "batched, planned depths");
+    }
+    let st = eng.stats();
+    eprintln!(
+        "{file} planned depths batched: {} of {} drafts accepted",
+        st.accepted_draft_tokens_total, st.draft_tokens_total
+    );
+    assert_eq!(st.kv_pages_used, 0, "idle engine holds no pages: {st:?}");
     true
 }
 

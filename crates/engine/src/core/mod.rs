@@ -47,7 +47,10 @@ use crate::request::{
 use crate::sampler::Sampler;
 use crate::scheduler::{self, itl_budget, Policy, Progress, Rank, CHUNK_ALIGN, KV_WINDOW_PAD};
 use crate::sliding::{SlidingPages, SlidingStats};
-use crate::spec::{propose_ngram, propose_predicted, Depth, SpecConfig, SpecMode, MAX_DRAFT};
+use crate::spec::{
+    plan_depths, propose_ngram, propose_predicted, Depth, DepthAsk, SpecConfig, SpecMode, StepCost,
+    MAX_DRAFT,
+};
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
 use crate::stream::{RequestStream, Ticket};
@@ -674,6 +677,8 @@ pub struct EngineCore {
     /// Seconds per computed token in recent steps of at least [`CHUNK_ALIGN`] tokens
     /// (moving average), for [`EngineConfig::itl_target`].
     token_cost_s: Option<f64>,
+    /// What a decode-only step's rows cost (for speculation's depths).
+    step_cost: StepCost,
     /// Compute-buffer size last logged (the buffers only grow; logged again when a
     /// quarter larger, so small steps of growth do not flood the log).
     compute_bytes_logged: usize,
@@ -726,6 +731,13 @@ impl EngineCore {
         mut config: EngineConfig,
     ) -> Result<EngineCore, EngineError> {
         let hp = model.hparams();
+        // Until measured: a verification row costs about half a one-row step of a
+        // small model on a few CPU cores, a few percent of a GPU's.
+        let row_share = if model.device_memory().is_some() {
+            0.05
+        } else {
+            0.5
+        };
         let ps = config.page_tokens;
         if !(CHUNK_ALIGN..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
             return Err(EngineError::Config(format!(
@@ -989,6 +1001,7 @@ impl EngineCore {
             queued: Arc::new(AtomicUsize::new(0)),
             stats: EngineStats::default(),
             token_cost_s: None,
+            step_cost: StepCost::new(row_share),
             epoch: std::time::Instant::now(),
             mask_buffers: MaskBuffers::default(),
             drafter,
@@ -1248,6 +1261,13 @@ impl EngineCore {
             return Ok(true);
         }
         let planned = started.elapsed();
+        // A step of decode rows only (with or without drafts) measures their cost,
+        // which only speculation's depths use.
+        let decode_only = self.config.speculation.is_some()
+            && work.iter().all(|w| {
+                self.running_index(w.id)
+                    .is_some_and(|i| w.start >= self.running[i].n_prompt)
+            });
         let snapshots = self.reserve_state_snapshots(work);
         let batch = self.assemble(work, &snapshots);
         let t0 = std::time::Instant::now();
@@ -1292,6 +1312,9 @@ impl EngineCore {
         let checkpoints = self.cache.stats().recurrent.map_or(0, |r| r.taken) - taken;
         let step_s = started.elapsed().as_secs_f64();
         self.stats.step_seconds_total += step_s;
+        if decode_only {
+            self.step_cost.observe(batch.tokens.len(), step_s);
+        }
         // Where a step's time goes: planning (admission, scheduling), building the
         // batch's inputs, the model, then sampling and sending events.
         tracing::debug!(
@@ -1393,27 +1416,56 @@ impl EngineCore {
             Some(_) => self.spec_states.streams,
             None => usize::MAX,
         };
-        for s in &mut self.running {
+        // Who may draft this step (a plain decode step, not one recomputing tokens
+        // after a preemption), and at most how many tokens: those that could
+        // follow the token this step samples.
+        let (mut who, mut asks): (Vec<usize>, Vec<DepthAsk>) = (Vec::new(), Vec::new());
+        for (i, s) in self.running.iter_mut().enumerate() {
             s.draft.clear();
-            let Some(depth) = s.spec.as_mut() else {
+            let Some(depth) = s.spec.as_ref() else {
                 continue;
             };
-            // A plain decode step (not one recomputing tokens after a preemption).
             if decoding > cfg.max_batch
                 || s.n_computed < s.n_prompt
                 || s.n_computed + 1 != s.tokens.len()
-                || streams == 0
             {
                 continue;
             }
-            // The token this step samples, then at most the drafts that could follow.
             let left = s.max_tokens.saturating_sub(s.usage.completion_tokens + 1);
-            let k = depth.take().min(left);
+            let ask = DepthAsk {
+                max: depth.max.min(left),
+                acceptance: depth.acceptance(),
+                probe: depth.probe_due(),
+            };
+            who.push(i);
+            asks.push(ask);
+        }
+        let depths: Vec<usize> = match cfg.fixed_depth {
+            true => asks.iter().map(|a| a.max).collect(),
+            false => {
+                let cost = self.step_cost.line_or_prior();
+                let depths = plan_depths(&asks, decoding, cost);
+                tracing::debug!(
+                    target: "tempo9_engine::drafts",
+                    base_ms = cost.0 * 1e3,
+                    per_row_ms = cost.1 * 1e3,
+                    acceptance = ?asks.iter().map(|a| a.acceptance).collect::<Vec<_>>(),
+                    ?depths,
+                    "draft depths planned"
+                );
+                depths
+            }
+        };
+        for ((&i, ask), &k) in who.iter().zip(&asks).zip(&depths) {
+            let s = &mut self.running[i];
+            if streams == 0 {
+                break;
+            }
             // What a grammar forces next is drafted first, at the configured depth
-            // (a model that follows its grammar cannot miss it, so no rest applies).
+            // (a model that follows its grammar cannot miss it).
             if let Some(c) = s.constraint.as_mut() {
                 s.draft = c.forced_tokens();
-                s.draft.truncate(depth.max.min(left));
+                s.draft.truncate(ask.max);
             }
             if k > 0 && s.draft.is_empty() && !s.prediction.is_empty() {
                 s.draft = propose_predicted(&s.tokens[s.n_prompt..], &s.prediction, k);
@@ -1425,7 +1477,11 @@ impl EngineCore {
                 SpecMode::Draft | SpecMode::Mtp => {}
             }
             s.cut_drafts_to_constraint();
-            if !s.draft.is_empty() || wanted.last().is_some_and(|w| w.0 == s.id) {
+            let drafting = wanted.last().is_some_and(|w| w.0 == s.id);
+            if let Some(d) = s.spec.as_mut() {
+                d.drafting(if drafting { k } else { s.draft.len() });
+            }
+            if !s.draft.is_empty() || drafting {
                 streams -= 1;
             }
         }
