@@ -16,7 +16,9 @@ with "text" sends, instead of images, new text prompts of the same token count
 (the prefill alone, no encode), to tell the two apart. Each --variant is one server (its flags after the name), so the same
 harness compares the encoder inside the decode step (--vision-inline), on its
 own thread and GPU stream (--vision-device same), and on the CPU cores
-(--vision-device cpu). Per variant it also reports the encode time per image
+(--vision-device cpu). Leading NAME=VALUE words of a variant's flags set the
+server's environment, e.g. "stream-noprio:GGML_CUDA_STREAM_PRIORITY=0 --vision-device
+same" (decode streams at the default priority). Per variant it also reports the encode time per image
 from `tempo9_engine_image_encode_seconds_total`, and the image requests'
 latency.
 
@@ -231,14 +233,19 @@ def run_variant(args, name, flags):
     with a slot per client; its decode rates are the clients' streamed chunks."""
     port = free_port()
     llama = name.startswith("llama")
-    env = None
+    words = shlex.split(flags)
+    env_words = []
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        env_words.append(words.pop(0))
+    flags = shlex.join(words)
+    env = dict(os.environ, **dict(w.split("=", 1) for w in env_words)) if env_words else None
     if llama:
         if not args.llama_server:
             raise SystemExit("variant %s needs --llama-server DIR" % name)
         cmd = [os.path.join(args.llama_server, "llama-server"), "-m", args.gguf, "--mmproj", args.mmproj,
                "--host", "127.0.0.1", "--port", str(port), "-np", str(args.streams + 1),
                "-c", str(8192 * (args.streams + 1)), "--no-webui"] + shlex.split(flags)
-        env = dict(os.environ, LD_LIBRARY_PATH=args.llama_server)
+        env = dict(env or os.environ, LD_LIBRARY_PATH=args.llama_server)
     else:
         cmd = [args.tempo9, "serve", "--gguf", args.gguf, "--mmproj", args.mmproj, "--device", args.device,
                "--host", "127.0.0.1", "--port", str(port)] + shlex.split(flags)

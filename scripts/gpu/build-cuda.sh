@@ -8,7 +8,8 @@
 # F16 K/V only (GGML_CUDA_FA_ALL_QUANTS off), no NCCL, no CPU backend (the binary
 # brings its own). The libggml-base built here is NOT used: the process already
 # has the carried one (same source), and the backend shares it by soname. The source
-# is patched first by pdl-ops.py (PDL limitable by op, off unless asked for).
+# is patched first by pdl-ops.py (PDL limitable by op, off unless asked for) and
+# stream-priority.py (a backend may ask for high-priority streams).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dest=${1:-$root/.gpu-carry}
@@ -20,6 +21,9 @@ src="$root/.ggml-src"
 # PDL limitable by op (see pdl-ops.py); without its env vars the library behaves as
 # unpatched, so llama.cpp's tools run on it unchanged.
 python3 "$root/scripts/gpu/pdl-ops.py" "$src"
+# Streams at high priority for a backend started with "stream_priority=high" (the
+# decode steps, so that an encoder's kernels on another stream do not hold them up).
+python3 "$root/scripts/gpu/stream-priority.py" "$src"
 cmake -S "$src" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON \
     -DGGML_NATIVE=OFF -DGGML_CPU=OFF -DGGML_CUDA=ON -DGGML_CUDA_GRAPHS=ON \

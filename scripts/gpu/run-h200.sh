@@ -7,7 +7,9 @@
 #   steps: build synth parity bench streams variants pdl pdlparity llamabench ncu steps64 ncu64 depth prefix cold offload suite stash real qwen qwenbig qwenbench ab35 ncu35 ncu35d batched35 batched30 pdlprobe pdlfa pdlbisect hybridbench hybridbench1 hybridbench2 mtp35 host35 arch30 vision32 vision32g sdk34 pack bundle
 #   (default: build synth parity bench streams)
 #   build   builds libggml-cuda.so (~3 min), or unpacks it from .gpu-cache/ parts that an
-#           earlier `pack` returned (same source and flags; saves the build; checked by sha256)
+#           earlier `pack` returned (same source and flags; saves the build; checked by sha256;
+#           only when .gpu-cache/libggml-cuda.recipe matches the crate version and the
+#           build and patch scripts, else it builds, from .ggml-src)
 #   variants  bench with CUDA graphs off / ggml's graph optimisation on, for attribution
 #   pdl     8B decode with programmatic dependent launch on (ggml's default; Tempo9 turns it off)
 #   pdlparity  the parity check (alone and batched) with PDL on, to see whether the wrong
@@ -108,7 +110,8 @@
 #           With .llama-server carried, llama.cpp's llama-server serves the same clients
 #           (variant llama). VISION32_SIZE (default 768x768), VISION32_WINDOW (s, default 15),
 #           VISION32_REPS (repetitions, alternating the variants' order; default 1),
-#           VISION32_VARIANTS (default "inline stream text cpu llama"), VISION32_PARITY=0
+#           VISION32_VARIANTS (default "inline stream text cpu llama"; also stream-noprio: the
+#           decode steps' streams at the default priority), VISION32_PARITY=0
 #           skips the tiny pair's GPU-vs-CPU answers
 #   vision32g  the tiny Gemma 4 pair (gemma4-tiny with Gemma 4's vocabulary and template from
 #           .gpu-carry/vocab, and its tiny gemma4v projector): greedy answers about 5 images
@@ -155,10 +158,20 @@ llama_server_ready() {
     export LLAMA_CPP_BIN_DIR="$lb"
 }
 
+# What a built libggml-cuda.so depends on besides its flags: the crate's ggml version and
+# the scripts that patch and build it. `pack` records it next to the parts, and `build`
+# reuses .gpu-cache parts only when it matches (a library of older patches is rebuilt).
+lib_recipe() {
+    { grep -A1 '^name = "llama-cpp-sys-2"' "$root/Cargo.lock"
+      cat "$root"/scripts/gpu/build-cuda.sh "$root"/scripts/gpu/pdl-ops.py "$root"/scripts/gpu/stream-priority.py
+    } | sha256sum | cut -d' ' -f1
+}
+
 if has build; then
     say build
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv >>"$out/run.log"
-    if ls "$root"/.gpu-cache/libggml-cuda.so.xz.part* >/dev/null 2>&1; then
+    if ls "$root"/.gpu-cache/libggml-cuda.so.xz.part* >/dev/null 2>&1 \
+        && [ "$(cat "$root/.gpu-cache/libggml-cuda.recipe" 2>/dev/null)" = "$(lib_recipe)" ]; then
         cat "$root"/.gpu-cache/libggml-cuda.so.xz.part* | xz -dc >"$root/.gpu-carry/libggml-cuda.so"
         (cd "$root/.gpu-cache" && sed "s|  .*|  $root/.gpu-carry/libggml-cuda.so|" libggml-cuda.so.sha256 | sha256sum -c -) || exit 1
         echo "reassembled libggml-cuda.so from .gpu-cache parts"
@@ -865,7 +878,7 @@ if has vision32; then
     if [ "${llama_rc:-1}" = 0 ] && [ -x "${LLAMA_BUILD_DIR:-/tmp/llama-build}/bin/llama-mtmd-cli" ]; then
         mtmd=(--llama-mtmd-cli "${LLAMA_BUILD_DIR:-/tmp/llama-build}/bin/llama-mtmd-cli")
     fi
-    # VISION32_VARIANTS picks among: inline stream text cpu llama (llama.cpp's llama-server
+    # VISION32_VARIANTS picks among: inline stream stream-noprio text cpu llama (llama.cpp's llama-server
     # with the same clients, when .llama-server is carried: it encodes inside its one
     # decoding loop).
     vv=()
@@ -873,6 +886,8 @@ if has vision32; then
         case $v in
             inline) vv+=(--variant "inline:--vision-device same --vision-inline") ;;
             stream) vv+=(--variant "stream:--vision-device same") ;;
+            # The decode steps' streams at the default priority (stream-priority.py).
+            stream-noprio) vv+=(--variant "stream-noprio:GGML_CUDA_STREAM_PRIORITY=0 --vision-device same") ;;
             text) vv+=(--variant "text:--vision-device same") ;;
             cpu) vv+=(--variant "cpu:--vision-device cpu") ;;
             llama) if llama_server_ready; then
@@ -931,6 +946,7 @@ if has pack; then
     say pack
     lib="$root/.gpu-carry/libggml-cuda.so"
     (cd "$(dirname "$lib")" && sha256sum libggml-cuda.so) >"$out/libggml-cuda.so.sha256"
+    lib_recipe >"$out/libggml-cuda.recipe"
     xz -T0 -3 -c "$lib" | split -b 15M -d - "$out/libggml-cuda.so.xz.part"
     ls -la "$out"
 fi

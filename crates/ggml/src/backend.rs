@@ -577,6 +577,12 @@ impl Drop for Buffer {
     }
 }
 
+/// [`Backend::with_params`] string asking the CUDA library built by
+/// `scripts/gpu/build-cuda.sh` (feature `STREAM_PRIORITY`) for streams at the
+/// device's greatest priority: the block scheduler then serves this backend's
+/// kernels first when another backend's (an image encoder's) fill the GPU.
+pub const HIGH_PRIORITY_STREAMS: &str = "stream_priority=high";
+
 /// A running backend (execution stream) on a device.
 pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,
@@ -589,8 +595,18 @@ unsafe impl Send for Backend {}
 impl Backend {
     /// Starts a backend on `device`.
     pub fn new(device: Device) -> Result<Backend, GgmlError> {
-        // SAFETY: live device; null on failure.
-        let p = unsafe { sys::ggml_backend_dev_init(device.raw(), std::ptr::null()) };
+        Self::with_params(device, "")
+    }
+
+    /// Starts a backend on `device` with a parameter string for its library
+    /// (`ggml_backend_dev_init`'s `params`; libraries ignore what they do not
+    /// know). The CUDA library built by `scripts/gpu/build-cuda.sh` takes
+    /// [`HIGH_PRIORITY_STREAMS`].
+    pub fn with_params(device: Device, params: &str) -> Result<Backend, GgmlError> {
+        let params = CString::new(params).map_err(|_| GgmlError::BackendInit(device.name()))?;
+        // SAFETY: live device; a NUL-terminated string that outlives the call; null
+        // on failure.
+        let p = unsafe { sys::ggml_backend_dev_init(device.raw(), params.as_ptr()) };
         NonNull::new(p)
             .map(|ptr| Backend { ptr, device })
             .ok_or_else(|| GgmlError::BackendInit(device.name()))
@@ -921,5 +937,17 @@ mod tests {
             let w = ctx.new_tensor(DType::F32, shape);
             assert!(cpu.supports_get_rows(w), "{shape:?}");
         }
+    }
+
+    /// A backend's library ignores parameters it does not know (the CPU backend
+    /// the stream-priority request); a string that cannot cross into C is refused.
+    #[test]
+    fn backend_params_reach_the_library() {
+        let b = Backend::with_params(Device::cpu(), HIGH_PRIORITY_STREAMS).unwrap();
+        assert_eq!(b.device().kind(), DeviceKind::Cpu);
+        assert!(matches!(
+            Backend::with_params(Device::cpu(), "a\0b"),
+            Err(GgmlError::BackendInit(_))
+        ));
     }
 }

@@ -117,7 +117,15 @@ fn cuda_devices(dir: Option<&Path>) -> &'static Result<Vec<Device>, String> {
                 std::env::set_var("GGML_CUDA_PDL", "0");
             }
         }
-        tracing::info!(lib = %path.display(), devices = ?devs, "loaded ggml backend");
+        // A library from scripts/gpu/build-cuda.sh gives the model's steps
+        // high-priority streams (crate::HIGH_PRIORITY_STREAMS); another runs them at
+        // the default priority.
+        let stream_priority = devs.iter().any(|d| {
+            d.backend_features()
+                .iter()
+                .any(|(n, v)| n == "STREAM_PRIORITY" && v == "1")
+        });
+        tracing::info!(lib = %path.display(), devices = ?devs, stream_priority, "loaded ggml backend");
         Ok(devs)
     })
 }

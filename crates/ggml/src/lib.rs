@@ -18,7 +18,7 @@ mod quant;
 
 pub use backend::{
     init_logging, load_backend, sched_stats, Backend, Buffer, BufferType, Device, DeviceKind,
-    HostBytes, SchedStats, Scheduler,
+    HostBytes, SchedStats, Scheduler, HIGH_PRIORITY_STREAMS,
 };
 pub use context::{Context, Graph, KeptGraph, Pod, RopeParams, Tensor, TensorStore};
 pub use gpu::DeviceChoice;

@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use tempo9_ggml::{Backend, Context, DType, Device, DeviceKind, KeptGraph, Scheduler, Tensor};
+use tempo9_ggml::{
+    Backend, Context, DType, Device, DeviceKind, KeptGraph, Scheduler, Tensor,
+    HIGH_PRIORITY_STREAMS,
+};
 
 use crate::attn::AttnOp;
 use crate::deltanet::{StateInputs, StateOp};
@@ -186,7 +189,9 @@ impl Executor {
     pub fn new(device: Device, threads: usize) -> Result<Executor, ModelError> {
         let mut backends = Vec::new();
         if device.kind() != DeviceKind::Cpu {
-            backends.push(Backend::new(device)?);
+            // The model's steps before anything else sharing the GPU (an image
+            // encoder on its own backend): libraries without the feature ignore it.
+            backends.push(Backend::with_params(device, HIGH_PRIORITY_STREAMS)?);
         }
         let cpu = Backend::new(Device::cpu())?;
         cpu.set_threads(threads);
