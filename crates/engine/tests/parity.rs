@@ -477,12 +477,9 @@ fn teacher_forced(
 }
 
 /// Batched with three others (mixed prompt lengths, so prefill chunks and decodes
-/// share steps): each sequence attends over its own KV window and repacked weights
-/// multiply per sequence, so a sequence's numbers barely depend on its neighbours.
-/// ggml's other CPU matmul kernels still pick tile shapes by batch size, which
-/// rounds a little differently (~1e-3 nats). So: top-1 log-probabilities agree
-/// within TIE at every step, and tokens are identical except that a sequence may
-/// leave a near-tie (top two within TIE when alone) the other way.
+/// share steps) against alone, within [`batched_limit`]: top-1 log-probabilities
+/// agree within it at every step, and tokens are identical except that a sequence
+/// may leave a near-tie (top two within it when alone) the other way.
 /// Each group runs on a fresh engine: a warm prefix cache changes how the prompt
 /// is chunked (only the uncached tail is computed), which moves logprobs by more
 /// than batching does; tests/engine_core.rs covers warm runs.
@@ -494,56 +491,24 @@ fn check_batched(
     solo: &[Output],
     make: &dyn Fn(&Value, usize) -> Request,
 ) {
-    // The synthetic files (random weights) turn rounding into larger logprob moves
-    // than the real models: llama.cpp's own output on qwen35-tiny moves by up to 0.023
-    // nats with its batch size alone (see LOGPROB_TOL_HYBRID), its CPU and CUDA runs
-    // of these files by up to 0.68, and forced decodes of qwen35moe-tiny batched with
-    // three others (experts picked for several rows at once) by up to 0.091 here,
-    // of gemma4moe-tiny by up to 0.355 (json, step 52; 0.151 on long_300) with
-    // AVX-512 kernels and 0.657 with AVX2's (x86-64-v3 build, chat_code step 24),
-    // while alone it is within 1.2e-3 of llama.cpp on every step.
-    let tie: f32 = match dir {
-        "gemma4moe-tiny" if KernelSet::current().short_name() == "x86_64-avx2" => 0.7,
-        "gemma4moe-tiny" => 0.4,
-        _ if dir.ends_with("-tiny") => 0.15,
-        _ => 0.02,
-    };
-    let (mut ties, mut worst, mut problems) = (Vec::new(), 0f32, Vec::new());
+    let tie = batched_limit(dir);
+    let mut report = Batched::default();
     for chunk in (0..cases.len()).collect::<Vec<_>>().chunks(4) {
         let reqs: Vec<Request> = chunk.iter().map(|&i| make(&cases[i], 2)).collect();
         let mut engine =
             EngineCore::new(model.clone(), tok.clone(), engine_config(dir)).expect("engine");
         let out = run_batch(&mut engine, reqs);
         for (k, &i) in chunk.iter().enumerate() {
-            let (alone, batched) = (&solo[i], &out[k]);
-            let same = alone
-                .tokens
-                .iter()
-                .zip(&batched.tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
-            for step in 0..=same.min(N_GEN - 1) {
-                let d = (alone.top_logprobs[step][0].1 - batched.top_logprobs[step][0].1).abs();
-                worst = worst.max(d);
-                if d >= tie {
-                    problems.push(format!(
-                        "case {i} step {step}: batched top-1 logprob differs by {d}"
-                    ));
-                }
-            }
-            if same < N_GEN {
-                let top = &alone.top_logprobs[same];
-                let margin = top[0].1 - top[1].1;
-                assert!(margin < tie, "{dir}: case {i} batched with {chunk:?} differs at step {same} (margin {margin})");
-                ties.push((i, same, margin));
-            }
+            let case = format!("case {i} (batched with {chunk:?})");
+            report.compare(&case, &solo[i], &out[k], tie);
         }
     }
     eprintln!(
-        "{dir}: batched top-1 logprobs within {worst:.3e} of alone (limit {tie}); runs that \
-         left a near-tie the other way (case, step, margin): {ties:?}"
+        "{dir}: batched top-1 logprobs within {:.3e} of alone (limit {tie}); runs that \
+         left a near-tie the other way (case, step, margin): {:?}",
+        report.worst, report.ties
     );
-    assert!(problems.is_empty(), "{dir}: {problems:#?}");
+    assert!(report.problems.is_empty(), "{dir}: {:#?}", report.problems);
 }
 
 #[test]

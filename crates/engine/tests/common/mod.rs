@@ -133,6 +133,84 @@ pub fn run_batch(
     streams.iter_mut().map(collect).collect()
 }
 
+/// How far a request's numbers may move when it runs batched with others instead
+/// of alone, on the files of fixture directory `dir` (nats, top-1
+/// log-probability): each sequence attends over its own KV window and repacked
+/// weights multiply per sequence, but ggml's other CPU matmul kernels pick tile
+/// shapes by batch size, which rounds a little differently (~1e-3 nats on the
+/// real models). The synthetic files (random weights) turn rounding into larger
+/// moves: llama.cpp's own output on qwen35-tiny moves by up to 0.023 nats with
+/// its batch size alone, its CPU and CUDA runs of these files by up to 0.68,
+/// and forced decodes of qwen35moe-tiny batched with three others (experts
+/// picked for several rows at once) by up to 0.091 here, of gemma4moe-tiny by up
+/// to 0.355 (json, step 52; 0.151 on long_300) with AVX-512 kernels and 0.657
+/// with AVX2's (x86-64-v3 build, chat_code step 24), while alone it is within
+/// 1.2e-3 of llama.cpp on every step. Batched top-1 log-probabilities must stay
+/// within the limit of alone's, and a batched run may take another token than
+/// alone only where alone's top two are within it (see [`Batched`]).
+pub fn batched_limit(dir: &str) -> f32 {
+    match dir {
+        "gemma4moe-tiny" if tempo9_ggml::KernelSet::current().short_name() == "x86_64-avx2" => 0.7,
+        "gemma4moe-tiny" => 0.4,
+        _ if dir.ends_with("-tiny") => 0.15,
+        _ => 0.02,
+    }
+}
+
+/// Requests run batched compared with the same requests run alone (each with
+/// its top two log-probabilities): see [`batched_limit`].
+#[derive(Debug, Default)]
+pub struct Batched {
+    /// Largest top-1 log-probability difference over the compared steps.
+    pub worst: f32,
+    /// Runs that left a near-tie the other way: (case, step, alone's margin).
+    pub ties: Vec<(String, usize, f32)>,
+    /// What broke the limit.
+    pub problems: Vec<String>,
+}
+
+impl Batched {
+    /// Compares `case`'s batched run with its run alone: top-1 log-probabilities
+    /// within `limit` at every step up to the first token that differs (that step
+    /// included), and tokens identical except that the batched run may leave a
+    /// near-tie (alone's top two within `limit`) the other way.
+    pub fn compare(&mut self, case: &str, alone: &Output, batched: &Output, limit: f32) {
+        let n = alone.tokens.len();
+        if batched.tokens.len() != n {
+            self.problems.push(format!(
+                "{case}: {} tokens batched, {n} alone",
+                batched.tokens.len()
+            ));
+            return;
+        }
+        let same = alone
+            .tokens
+            .iter()
+            .zip(&batched.tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        for step in 0..=same.min(n.saturating_sub(1)) {
+            let d = (alone.top_logprobs[step][0].1 - batched.top_logprobs[step][0].1).abs();
+            self.worst = self.worst.max(d);
+            if d >= limit {
+                self.problems.push(format!(
+                    "{case} step {step}: batched top-1 logprob differs by {d}"
+                ));
+            }
+        }
+        if same < n {
+            let top = &alone.top_logprobs[same];
+            let margin = top[0].1 - top[1].1;
+            if margin >= limit {
+                self.problems.push(format!(
+                    "{case}: batched differs at step {same} (alone's margin {margin} >= {limit})"
+                ));
+            }
+            self.ties.push((case.to_string(), same, margin));
+        }
+    }
+}
+
 /// The tokenizer of a loaded model.
 pub fn tokenizer(model: &Model) -> Arc<tempo9_tokenizer::Tokenizer> {
     Arc::new(tempo9_tokenizer::Tokenizer::from_gguf(model.gguf()).expect("tokenizer"))
