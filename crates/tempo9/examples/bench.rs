@@ -14,7 +14,10 @@
 //! with `tempo9 bench` run as a process of its own, alternating the two.
 //!
 //! `cargo run --release -p tempo9 --example bench -- MODEL [--tg 128] [--reps 3]
-//!  [--threads N] [--http http://127.0.0.1:11435] [--alone] [--device cpu|cuda|auto]`
+//!  [--threads N] [--http http://127.0.0.1:11435] [--alone] [--no-ssd] [--device cpu|cuda|auto]`
+//!
+//! `--no-ssd` loads without the SSD tier, as `tempo9 serve --no-kv-ssd` runs (compare
+//! like with like).
 //!
 //! `--device` (default cpu) places the SDK's model; the in-process reference
 //! engine runs on the CPU, so use `--alone` with a GPU.
@@ -30,10 +33,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let source = args.next().ok_or("usage: bench MODEL [options]")?;
     let (mut tg, mut reps, mut threads, mut http) = (128usize, 3usize, None, None);
     let mut alone = false;
+    let mut ssd = true;
     let mut device = tempo9::DeviceChoice::Cpu;
     while let Some(a) = args.next() {
         if a == "--alone" {
             alone = true;
+            continue;
+        }
+        if a == "--no-ssd" {
+            ssd = false;
             continue;
         }
         let v = args.next().ok_or(format!("{a} needs a value"))?;
@@ -58,6 +66,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &LoadOptions {
             threads,
             device,
+            ssd: if ssd {
+                LoadOptions::default().ssd
+            } else {
+                None
+            },
             ..LoadOptions::default()
         },
     )?;
@@ -83,10 +96,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let http_first = r % 2 == 1;
         if let (true, Some(url)) = (http_first, &http) {
             ttft_http.push(http_ttft(url, &q)?);
+            settle();
         }
         ttft_sdk.extend(sdk(&q)?);
+        settle();
         if let (false, Some(url)) = (http_first, &http) {
             ttft_http.push(http_ttft(url, &q)?);
+            settle();
         }
     }
     // Decode after the latency runs, so both engines had the same history then;
@@ -190,6 +206,15 @@ fn http_ttft(url: &str, question: &str) -> Result<f64, Box<dyn std::error::Error
         }
     }
     Err("the stream ended without text".into())
+}
+
+/// Waits until the engine that was just timed has stopped computing for that
+/// request, so that it does not share the cores with the next measurement: a
+/// server learns that a client closed the connection only at its next write, and
+/// goes on decoding the request until then (two processes on two cores: that
+/// doubled some in-process first tokens).
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(300));
 }
 
 fn median(v: &[f64]) -> Option<f64> {
