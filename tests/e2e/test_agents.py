@@ -1,10 +1,11 @@
 """Requests shaped like the ones real coding agents send (recorded by
-bench/agents/proxy.py from Claude Code 2.1.332, Codex CLI 0.171.0 and OpenClaw
-2026.9.6), on Qwen2.5-Coder-0.5B: the fields they add are accepted, deferred
+bench/agents/proxy.py from Claude Code 2.1.332, Codex CLI 0.171.0, OpenClaw
+2026.9.6 and opencode 1.18.33), on Qwen2.5-Coder-0.5B: the fields they add are accepted, deferred
 tools are not shown to the model, and a second agent turn that repeats the
 first turn's system prompt and tools is served from the prefix cache even when
 the client's volatile billing line changes."""
 
+import copy
 import json
 import os
 
@@ -225,3 +226,80 @@ def test_streams_send_keepalives_during_long_prefill(smol_keepalive):
     assert types[:2] == ["response.created", "response.in_progress"]
     assert types[2:first_item].count("response.in_progress") >= 2, types
     assert types[-1] in ("response.completed", "response.incomplete")
+
+
+AGENT_LOGS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "agents", "logs", "2026-12-04")
+
+
+def shortened(body, out_tokens=12):
+    """A recorded request with its long texts cut (system prompts, user texts, tool
+    and parameter descriptions) so that it prefills in seconds on two cores; its
+    fields, message and content shapes, tool calls and schemas are kept. Output is
+    capped at `out_tokens` in whichever field the client used."""
+    b = copy.deepcopy(body)
+
+    def cut_descriptions(v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k == "description" and isinstance(x, str):
+                    v[k] = x[:120]
+                else:
+                    cut_descriptions(x)
+        elif isinstance(v, list):
+            for x in v:
+                cut_descriptions(x)
+
+    for m in b["messages"]:
+        c = m.get("content")
+        if isinstance(c, str):
+            m["content"] = c[:600]
+        elif isinstance(c, list):
+            for part in c:
+                if isinstance(part.get("text"), str):
+                    part["text"] = part["text"][:600]
+    cut_descriptions(b.get("tools", []))
+    for k in ("max_tokens", "max_completion_tokens"):
+        if k in b:
+            b[k] = out_tokens
+    b["temperature"] = 0
+    return b
+
+
+@pytest.mark.parametrize("client", ["opencode", "openclaw-1.5b"])
+def test_opencode_and_openclaw_sessions_are_served(qwen, client):
+    """Every request of a recorded opencode / OpenClaw session (bench/agents/logs/
+    2026-12-04), shortened, replayed in order: each is answered as a stream under the
+    made-up model name the client sent (`local`), ends with usage (they ask for it in
+    `stream_options`) and a known finish reason; assistant turns with tool calls (with
+    text, or with `content: null`), tool results, list-of-parts user turns and a
+    history with tool calls but no `tools` all render; and a turn that repeats the
+    previous one's system prompt and tools is served from the prefix cache."""
+    recs = [json.loads(l) for l in open(os.path.join(AGENT_LOGS, client, "requests.jsonl"))]
+    assert len(recs) >= 3
+    prev = None
+    for i, rec in enumerate(recs):
+        body = shortened(rec["request"])
+        assert body["model"] == "local" and body["stream"] is True
+        chunks, usage, finish = [], None, None
+        with httpx.stream("POST", qwen.base + rec["path"], json=body, timeout=600,
+                          headers={"User-Agent": rec["request_headers"].get("User-Agent", "")}) as r:
+            assert r.status_code == 200, (client, i, r.read())
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                d = json.loads(line[6:])
+                chunks.append(d)
+                assert d["object"] == "chat.completion.chunk", d
+                for ch in d.get("choices") or []:
+                    finish = ch.get("finish_reason") or finish
+                usage = d.get("usage") or usage
+        assert chunks and usage is not None, (client, i)
+        assert finish in ("stop", "length", "tool_calls"), (client, i, finish)
+        # The served model answers whatever name the client sends.
+        assert {c["model"] for c in chunks} == {qwen.name}, (client, i)
+        same_start = prev is not None and prev["messages"][0] == body["messages"][0] \
+            and prev.get("tools") == body.get("tools")
+        if same_start:
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            assert cached > 0, (client, i, usage)
+        prev = body
