@@ -13,23 +13,27 @@
 //! `raise_exception`, `strftime_now`, `namespace`, loop controls.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
+use std::time::Duration;
 
 use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, UndefinedBehavior, Value};
 use serde_json::{json, Map, Value as Json};
 use tempo9_gguf::GgufFile;
 
+use crate::deadline::{self, TEMPLATE_DEADLINE};
 use crate::{Literals, Tokenizer, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
 /// Steps (minijinja "fuel": one per instruction) one render may take. A chat
 /// template is code from a downloaded file: this bounds an endless or
-/// quadratic loop to well under a second of CPU (measured in
+/// quadratic loop of cheap steps to well under a second of CPU (measured in
 /// `tests/template_limits.rs`), far above what real templates use on long
-/// conversations with many tools.
+/// conversations with many tools. Costly steps are bounded by
+/// [`TEMPLATE_DEADLINE`].
 pub const TEMPLATE_FUEL: u64 = 10_000_000;
 
 /// Largest rendered prompt in bytes (far above any context window's text).
@@ -66,7 +70,9 @@ pub struct TemplateOptions {
 
 /// A compiled chat template plus the BOS/EOS strings it sees.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
+    /// Renders given up on at their deadline and still running (see [`deadline`]).
+    overrunning: Arc<AtomicUsize>,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -138,13 +144,15 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_function("range", deadline::range);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| TokenizerError::TemplateSyntax {
                 line: e.line().unwrap_or(0),
                 message: error_message(&e),
             })?;
         let mut t = ChatTemplate {
-            env,
+            env: Arc::new(env),
+            overrunning: Arc::default(),
             source,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
@@ -383,41 +391,51 @@ impl ChatTemplate {
         Ok(out)
     }
 
+    /// Renders on a thread of its own, waiting at most [`TEMPLATE_DEADLINE`] and
+    /// a second: the deadline checks inside a render (see [`deadline`]) cannot
+    /// see every costly step, so a render that misses them is left to finish
+    /// alone, and until it has, the template renders nothing else (one core
+    /// lost, not one per request).
     fn run(&self, ctx: Value) -> Result<String, TokenizerError> {
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| render_error(&e))?;
-        let mut out = CappedOutput {
-            buf: Vec::new(),
-            full: false,
-        };
-        match tmpl.render_captured_to(ctx, &mut out) {
-            Ok(_) => {}
-            Err(_) if out.full => {
-                return Err(TokenizerError::TemplateRender {
-                    line: None,
-                    message: format!(
-                        "the rendered prompt exceeds {} MiB (TEMPLATE_MAX_OUTPUT)",
-                        TEMPLATE_MAX_OUTPUT >> 20
-                    ),
-                })
-            }
-            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
-                return Err(TokenizerError::TemplateRender {
-                    line: e.line(),
-                    message: format!(
-                        "the chat template ran more than {TEMPLATE_FUEL} steps \
-                         (TEMPLATE_FUEL): an endless loop?"
-                    ),
-                })
-            }
-            Err(e) => return Err(render_error(&e)),
+        if self.overrunning.load(Ordering::Acquire) > 0 {
+            return Err(TokenizerError::TemplateRender {
+                line: None,
+                message: format!(
+                    "an earlier render of this chat template is still running past its \
+                     {} s deadline (TEMPLATE_DEADLINE): the template does costly work; \
+                     serve the model with another one (--chat-template-file)",
+                    TEMPLATE_DEADLINE.as_secs()
+                ),
+            });
         }
-        String::from_utf8(out.buf).map_err(|_| TokenizerError::TemplateRender {
-            line: None,
-            message: "the chat template produced invalid UTF-8".into(),
-        })
+        // A rendezvous: the render's result is either taken by the waiter or,
+        // once the waiter has given up and dropped its end, refused.
+        let (tx, rx) = std::sync::mpsc::sync_channel(0);
+        let (env, overrunning) = (self.env.clone(), self.overrunning.clone());
+        std::thread::Builder::new()
+            .name("chat-template".into())
+            .stack_size(RENDER_STACK)
+            .spawn(move || {
+                if tx.send(render(&env, ctx)).is_err() {
+                    overrunning.fetch_sub(1, Ordering::AcqRel);
+                }
+            })
+            .map_err(|e| TokenizerError::TemplateRender {
+                line: None,
+                message: format!("cannot start a render thread: {e}"),
+            })?;
+        match rx.recv_timeout(TEMPLATE_DEADLINE + Duration::from_secs(1)) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => {
+                self.overrunning.fetch_add(1, Ordering::AcqRel);
+                drop(rx);
+                Err(over_time())
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(TokenizerError::TemplateRender {
+                line: None,
+                message: "the chat template's render thread failed".into(),
+            }),
+        }
     }
 
     /// OpenAI-shaped messages → what llama.cpp hands the template.
@@ -786,6 +804,58 @@ fn escape_json(lit: &Literals, v: &Json) -> Json {
 }
 
 /// The render's output, refusing to grow past [`TEMPLATE_MAX_OUTPUT`].
+/// Stack of a render thread: deep enough for [`TEMPLATE_RECURSION`] levels of
+/// macros and minijinja's own recursion with room to spare.
+const RENDER_STACK: usize = 8 << 20;
+
+/// One render of the template, bounded by its fuel, output size and deadline.
+fn render(env: &Environment<'static>, ctx: Value) -> Result<String, TokenizerError> {
+    let tmpl = env
+        .get_template(TEMPLATE_NAME)
+        .map_err(|e| render_error(&e))?;
+    let mut out = CappedOutput {
+        buf: Vec::new(),
+        full: false,
+    };
+    match deadline::within_deadline(|| tmpl.render_captured_to(ctx, &mut out)) {
+        Err(_) => return Err(over_time()),
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) if out.full => {
+            return Err(TokenizerError::TemplateRender {
+                line: None,
+                message: format!(
+                    "the rendered prompt exceeds {} MiB (TEMPLATE_MAX_OUTPUT)",
+                    TEMPLATE_MAX_OUTPUT >> 20
+                ),
+            })
+        }
+        Ok(Err(e)) if e.kind() == ErrorKind::OutOfFuel => {
+            return Err(TokenizerError::TemplateRender {
+                line: e.line(),
+                message: format!(
+                    "the chat template ran more than {TEMPLATE_FUEL} steps \
+                     (TEMPLATE_FUEL): an endless loop?"
+                ),
+            })
+        }
+        Ok(Err(e)) => return Err(render_error(&e)),
+    }
+    String::from_utf8(out.buf).map_err(|_| TokenizerError::TemplateRender {
+        line: None,
+        message: "the chat template produced invalid UTF-8".into(),
+    })
+}
+
+fn over_time() -> TokenizerError {
+    TokenizerError::TemplateRender {
+        line: None,
+        message: format!(
+            "the chat template ran longer than {} s (TEMPLATE_DEADLINE)",
+            TEMPLATE_DEADLINE.as_secs()
+        ),
+    }
+}
+
 struct CappedOutput {
     buf: Vec<u8>,
     full: bool,
@@ -793,6 +863,9 @@ struct CappedOutput {
 
 impl std::io::Write for CappedOutput {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if deadline::past_deadline() {
+            return Err(std::io::Error::other("chat template over time"));
+        }
         if self.buf.len() + b.len() > TEMPLATE_MAX_OUTPUT {
             self.full = true;
             return Err(std::io::Error::other("chat template output too large"));

@@ -31,6 +31,7 @@
 
 mod bpe;
 mod chat;
+mod deadline;
 mod literal;
 mod pretok;
 mod pretype;
@@ -43,6 +44,7 @@ mod unicode_table;
 pub use chat::{
     ChatTemplate, TemplateOptions, TEMPLATE_FUEL, TEMPLATE_MAX_OUTPUT, TEMPLATE_RECURSION,
 };
+pub use deadline::TEMPLATE_DEADLINE;
 pub use literal::{Literals, ESCAPE};
 pub use stream::StreamDecoder;
 pub use tokenizer::{SpecialTokenIds, Tokenizer, TokenizerConfig, TokenizerKind};
