@@ -308,6 +308,105 @@ impl StepCost {
     }
 }
 
+/// What a drafting model's work costs (the `draft` and `mtp` modes; n-gram and
+/// predicted drafts cost nothing): seconds per draft token (one forward pass of
+/// the drafting model for every request drafting in the step) and per token
+/// caught up (the tokens of a request it has not yet seen, computed in one pass
+/// before its first draft: the prompt the first time, the tokens since it last
+/// drafted after a rest). Until measured, shares of a one-row step of the target
+/// model: decode moves every weight once, so a draft token costs about the
+/// drafting model's bytes over the target's, and catching up a token (a prefill
+/// row) a quarter of that. Then decayed averages of what the passes took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct DraftCost {
+    token: Measured,
+    catch_up: Measured,
+}
+
+/// A cost in seconds, or a share of a one-row step until measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Measured {
+    Share(f64),
+    Seconds(f64),
+}
+
+impl Measured {
+    fn seconds(self, one_row: f64) -> f64 {
+        match self {
+            Measured::Share(s) => s * one_row,
+            Measured::Seconds(s) => s,
+        }
+    }
+
+    fn observe(&mut self, seconds: f64) {
+        *self = Measured::Seconds(match *self {
+            Measured::Share(_) => seconds,
+            Measured::Seconds(old) => DRAFT_COST_DECAY * old + (1.0 - DRAFT_COST_DECAY) * seconds,
+        });
+    }
+}
+
+/// Weight of the past in [`DraftCost`]'s averages per drafting pass.
+const DRAFT_COST_DECAY: f64 = 0.8;
+
+impl DraftCost {
+    /// Costs for a drafting model of `share` of the target's bytes (0: drafts
+    /// cost nothing).
+    pub fn new(share: f64) -> DraftCost {
+        DraftCost {
+            token: Measured::Share(share),
+            catch_up: Measured::Share(share / 4.0),
+        }
+    }
+
+    /// Records one drafting call that took `seconds`: `caught_up` tokens
+    /// computed before the first drafts, then `passes` draft passes (the first
+    /// draft comes with the catch-up pass). A call that caught up no more than
+    /// its last token per request measures a draft token; one that caught up
+    /// more measures a caught-up token, less its draft tokens' known cost.
+    pub fn observe(
+        &mut self,
+        seconds: f64,
+        jobs: usize,
+        caught_up: usize,
+        passes: usize,
+        one_row: f64,
+    ) {
+        if passes == 0 {
+            return;
+        }
+        if caught_up <= jobs {
+            self.token.observe(seconds / passes as f64);
+        } else {
+            let drafts = self.token.seconds(one_row) * (passes - 1) as f64;
+            self.catch_up
+                .observe((seconds - drafts).max(0.0) / caught_up as f64);
+        }
+    }
+
+    /// Seconds per draft token and per caught-up token, given a one-row step's.
+    pub fn seconds(&self, one_row: f64) -> (f64, f64) {
+        (self.token.seconds(one_row), self.catch_up.seconds(one_row))
+    }
+}
+
+/// A step's costs for [`plan_depths`], in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct PlanCost {
+    /// The target model's step: `base + per_row * rows` (see [`StepCost`]).
+    pub base: f64,
+    /// See [`PlanCost::base`].
+    pub per_row: f64,
+    /// The drafting model's work per draft token (0 without one).
+    pub draft_token: f64,
+    /// Its work per token it catches up.
+    pub catch_up_token: f64,
+}
+
+/// Tokens ahead over which a request's drafting must repay its catch-up (about
+/// a tool call's or an edit's length: an answer may end sooner).
+const PAYBACK_TOKENS: usize = 128;
+
 /// One decoding request's part in [`plan_depths`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct DepthAsk {
@@ -315,44 +414,65 @@ pub(crate) struct DepthAsk {
     pub max: usize,
     /// The chance each draft token is accepted when the one before it was.
     pub acceptance: f64,
-    /// It drafts at least one token (a probe, see [`Depth::probe_due`]).
+    /// It drafts one token if drafting can pay at all (a probe, see
+    /// [`Depth::probe_due`]).
     pub probe: bool,
+    /// Tokens the drafting model must catch up before its first draft.
+    pub behind: usize,
+    /// Tokens it may still generate.
+    pub left: usize,
 }
 
 /// Draft depths for one step in which `decoding` requests decode, `asks` of them
-/// may draft, the step costing `cost` (`(base, per_row)` seconds, see
-/// [`StepCost`]). Draft tokens are added best first: the `j`-th draft of a request
-/// with acceptance `a` adds `a^j` expected tokens and one row; one is added while
-/// that beats the tokens per second the step already yields (`a^j > per_row *
-/// tokens / seconds`). So drafts deepen while they hold and rows are cheap (a
-/// GPU's decode step), and stop where a row costs about a decode row (a small model
-/// on two CPU cores) or the step is already large.
-pub(crate) fn plan_depths(asks: &[DepthAsk], decoding: usize, cost: (f64, f64)) -> Vec<usize> {
-    let (base, per_row) = cost;
+/// may draft, at `cost`. Draft tokens are added best first: the `j`-th draft of a
+/// request with acceptance `a` adds `a^j` expected tokens and costs a row and a
+/// draft token; one is added while that beats the tokens per second the step
+/// already yields (`a^j > (per_row + draft_token) * tokens / seconds`). So drafts
+/// deepen while they hold and rows are cheap (a GPU's decode step), and stop where
+/// a row costs about a decode row (a small model on two CPU cores) or the step is
+/// already large. A request that must first catch up (the drafting model has not
+/// seen its latest tokens) drafts only if what its drafts save over its next
+/// [`PAYBACK_TOKENS`] tokens repays that, counting a probe's drafts as certain: a
+/// draft model that costs about what it saves never pays for reading the prompt.
+pub(crate) fn plan_depths(asks: &[DepthAsk], decoding: usize, cost: PlanCost) -> Vec<usize> {
+    let per_draft = cost.per_row + cost.draft_token;
     let mut depth = vec![0usize; asks.len()];
     let mut tokens = decoding as f64;
-    let mut seconds = base + per_row * decoding as f64;
+    let mut seconds = cost.base + cost.per_row * decoding as f64;
+    // Seconds a token is worth: what the step spends per token without drafts.
+    let worth = seconds / tokens.max(1.0);
+    let pays = |a: &DepthAsk, acceptance: f64| {
+        // Steps over the payback horizon at about 1 + a tokens each, each saving
+        // what an accepted draft is worth less what it costs.
+        let steps = a.left.min(PAYBACK_TOKENS) as f64 / (1.0 + acceptance);
+        let saving = steps * (acceptance * worth - per_draft);
+        saving > a.behind as f64 * cost.catch_up_token
+    };
+    let open: Vec<bool> = asks
+        .iter()
+        .map(|a| a.max > 0 && pays(a, if a.probe { 1.0 } else { a.acceptance }))
+        .collect();
     // The next draft's gain for each ask.
     let gain = |i: usize, d: &[usize]| asks[i].acceptance.powi(d[i] as i32 + 1);
     for (i, a) in asks.iter().enumerate() {
-        if a.probe && a.max > 0 {
+        if a.probe && open[i] {
             tokens += gain(i, &depth);
             depth[i] = 1;
-            seconds += per_row;
+            seconds += per_draft;
         }
     }
     loop {
         let best = (0..asks.len())
-            .filter(|&i| depth[i] < asks[i].max)
+            .filter(|&i| open[i] && depth[i] < asks[i].max)
             .max_by(|&i, &j| gain(i, &depth).total_cmp(&gain(j, &depth)));
         let Some(i) = best else { break };
         let g = gain(i, &depth);
-        if g * seconds <= per_row * tokens {
+        if g * seconds <= per_draft * tokens {
             break;
         }
         depth[i] += 1;
         tokens += g;
-        seconds += per_row;
+        seconds += per_draft;
     }
     depth
 }
@@ -497,36 +617,124 @@ mod tests {
         assert!(r / (b + r) >= 0.9, "{b} {r}");
     }
 
-    #[test]
-    fn depths_deepen_where_rows_are_cheap_and_drafts_hold() {
-        let ask = |acceptance, max| DepthAsk {
+    /// A cost with no drafting model: one-row step `base + per_row`.
+    fn free_drafts(base: f64, per_row: f64) -> PlanCost {
+        PlanCost {
+            base,
+            per_row,
+            draft_token: 0.0,
+            catch_up_token: 0.0,
+        }
+    }
+
+    fn ask(acceptance: f64, max: usize) -> DepthAsk {
+        DepthAsk {
             max,
             acceptance,
             probe: false,
-        };
+            behind: 0,
+            left: 1000,
+        }
+    }
+
+    #[test]
+    fn depths_deepen_where_rows_are_cheap_and_drafts_hold() {
         // A GPU-like step (a row costs 2% of a one-row step): deep drafts while
         // they mostly hold, shallow ones when they seldom do.
-        assert_eq!(plan_depths(&[ask(0.9, 8)], 1, (1.0, 0.02)), vec![8]);
-        assert_eq!(plan_depths(&[ask(0.2, 8)], 1, (1.0, 0.02)), vec![2]);
+        assert_eq!(
+            plan_depths(&[ask(0.9, 8)], 1, free_drafts(1.0, 0.02)),
+            vec![8]
+        );
+        assert_eq!(
+            plan_depths(&[ask(0.2, 8)], 1, free_drafts(1.0, 0.02)),
+            vec![2]
+        );
         // Two CPU cores on a small model (a row costs about half a one-row step):
         // shallower, and none when drafts seldom hold.
-        assert_eq!(plan_depths(&[ask(0.8, 4)], 1, (1.0, 1.0)), vec![2]);
-        assert_eq!(plan_depths(&[ask(0.3, 4)], 1, (1.0, 1.0)), vec![0]);
-        // The configured most, and a probe's one draft whatever it costs.
-        assert_eq!(plan_depths(&[ask(0.99, 3)], 1, (1.0, 0.0)), vec![3]);
+        assert_eq!(
+            plan_depths(&[ask(0.8, 4)], 1, free_drafts(1.0, 1.0)),
+            vec![2]
+        );
+        assert_eq!(
+            plan_depths(&[ask(0.3, 4)], 1, free_drafts(1.0, 1.0)),
+            vec![0]
+        );
+        // The configured most, and a probe's one draft where a draft can pay.
+        assert_eq!(
+            plan_depths(&[ask(0.99, 3)], 1, free_drafts(1.0, 0.0)),
+            vec![3]
+        );
         let probe = DepthAsk {
             probe: true,
             ..ask(0.01, 4)
         };
-        assert_eq!(plan_depths(&[probe], 1, (1.0, 1.0)), vec![1]);
+        assert_eq!(plan_depths(&[probe], 1, free_drafts(1.0, 1.0)), vec![1]);
         // The best drafts across requests first; a large step takes fewer.
         assert_eq!(
-            plan_depths(&[ask(0.9, 4), ask(0.5, 4)], 2, (1.0, 0.1)),
+            plan_depths(&[ask(0.9, 4), ask(0.5, 4)], 2, free_drafts(1.0, 0.1)),
             vec![4, 1]
         );
         assert_eq!(
-            plan_depths(&[ask(0.9, 4), ask(0.5, 4)], 32, (1.0, 0.1)),
+            plan_depths(&[ask(0.9, 4), ask(0.5, 4)], 32, free_drafts(1.0, 0.1)),
             vec![2, 0]
         );
+    }
+
+    #[test]
+    fn a_draft_model_drafts_only_where_it_repays_its_reading() {
+        // Measured on two CPU cores (2026-12-05): Qwen2.5-Coder-1.5B's one-row
+        // step 29 ms, 16 ms a row more; the 0.5B's draft token ~12 ms, a token
+        // caught up 4.4 ms.
+        let cpu = PlanCost {
+            base: 0.013,
+            per_row: 0.016,
+            draft_token: 0.012,
+            catch_up_token: 0.0044,
+        };
+        // Drafts that hold 95% save almost nothing a token; never worth reading a
+        // 528-token prompt, nor probing for.
+        let fresh = DepthAsk {
+            behind: 528,
+            ..ask(0.95, 2)
+        };
+        assert_eq!(plan_depths(&[fresh], 1, cpu), vec![0]);
+        let probe = DepthAsk {
+            probe: true,
+            behind: 17,
+            ..ask(0.1, 2)
+        };
+        assert_eq!(plan_depths(&[probe], 1, cpu), vec![0]);
+        // A GPU-like cost (rows and draft tokens cheap, catching up cheap): the
+        // same request drafts at once, and a probe after a rest goes ahead.
+        let gpu = PlanCost {
+            base: 0.010,
+            per_row: 0.0005,
+            draft_token: 0.001,
+            catch_up_token: 0.00005,
+        };
+        assert_eq!(plan_depths(&[fresh], 1, gpu), vec![2]);
+        assert_eq!(plan_depths(&[probe], 1, gpu), vec![1]);
+        // An answer about to end does not repay a long catch-up.
+        let ending = DepthAsk { left: 2, ..fresh };
+        assert_eq!(plan_depths(&[ending], 1, gpu), vec![0]);
+    }
+
+    #[test]
+    fn draft_costs_are_measured_apart() {
+        let mut c = DraftCost::new(0.3);
+        // Before any pass: shares of a one-row step.
+        let (t, u) = c.seconds(0.030);
+        assert!(
+            (t - 0.009).abs() < 1e-12 && (u - 0.00225).abs() < 1e-12,
+            "{t} {u}"
+        );
+        // A pass with no catch-up: 2 draft tokens in 24 ms.
+        c.observe(0.024, 1, 1, 2, 0.030);
+        assert_eq!(c.seconds(0.030).0, 0.012);
+        // A catch-up of 101 tokens then 1 more draft pass: 0.5 s less 12 ms.
+        c.observe(0.5, 1, 101, 2, 0.030);
+        let (t, u) = c.seconds(0.030);
+        assert_eq!(t, 0.012);
+        assert!((u - 0.488 / 101.0).abs() < 1e-12, "{u}");
     }
 }

@@ -96,6 +96,24 @@ pub(super) trait ModelDrafter {
     fn propose(&mut self, jobs: &[DraftJob<'_>]) -> Result<Vec<Vec<u32>>, ModelError>;
     /// Forgets request `id` (its committed pages stay cached).
     fn free(&mut self, id: RequestId);
+    /// How many of request `id`'s `tokens` the next [`ModelDrafter::propose`]
+    /// computes before its first draft (at least the last one).
+    fn behind(&self, id: RequestId, tokens: &[u32]) -> usize;
+}
+
+/// Tokens to compute for a request whose drafting model has `written` tokens in
+/// place (`None`: a new request, `cached` of its tokens in the prefix cache).
+pub(super) fn behind(
+    written: Option<&[u32]>,
+    cached: impl FnOnce() -> usize,
+    tokens: &[u32],
+) -> usize {
+    let n = tokens.len();
+    let have = match written {
+        Some(w) => w.iter().zip(tokens).take_while(|(a, b)| a == b).count(),
+        None => cached(),
+    };
+    n - have.min(n.saturating_sub(1))
 }
 
 /// One request drafting in a step.
@@ -266,6 +284,14 @@ impl ModelDrafter for Drafter {
         if self.written.remove(&id).is_some() {
             let _ = self.pool.free(id as SeqId);
         }
+    }
+
+    fn behind(&self, id: RequestId, tokens: &[u32]) -> usize {
+        behind(
+            self.written.get(&id).map(Vec::as_slice),
+            || self.pool.lookup_prefix(tokens, 0).n_cached_tokens,
+            tokens,
+        )
     }
 
     /// Drafts for each job, in order (empty where the draft's KV pool is full).

@@ -48,8 +48,8 @@ use crate::sampler::Sampler;
 use crate::scheduler::{self, itl_budget, Policy, Progress, Rank, CHUNK_ALIGN, KV_WINDOW_PAD};
 use crate::sliding::{SlidingPages, SlidingStats};
 use crate::spec::{
-    plan_depths, propose_ngram, propose_predicted, Depth, DepthAsk, SpecConfig, SpecMode, StepCost,
-    MAX_DRAFT,
+    plan_depths, propose_ngram, propose_predicted, Depth, DepthAsk, DraftCost, PlanCost,
+    SpecConfig, SpecMode, StepCost, MAX_DRAFT,
 };
 use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
 use crate::stop::TextStream;
@@ -677,8 +677,12 @@ pub struct EngineCore {
     /// Seconds per computed token in recent steps of at least [`CHUNK_ALIGN`] tokens
     /// (moving average), for [`EngineConfig::itl_target`].
     token_cost_s: Option<f64>,
-    /// What a decode-only step's rows cost (for speculation's depths).
+    /// What a decode-only step's rows cost in the model (for speculation's depths).
     step_cost: StepCost,
+    /// What the drafting model's work costs (speculation's `draft` and `mtp` modes).
+    draft_cost: DraftCost,
+    /// Seconds this step spent in the drafting model (not the step's rows).
+    draft_s: f64,
     /// Compute-buffer size last logged (the buffers only grow; logged again when a
     /// quarter larger, so small steps of growth do not flood the log).
     compute_bytes_logged: usize,
@@ -737,6 +741,17 @@ impl EngineCore {
             0.05
         } else {
             0.5
+        };
+        // A draft token costs about the drafting model's bytes over the target's
+        // (decode reads every weight once); the MTP head is one layer and the
+        // output head, about a fifth of a small model. Measured once drafting.
+        let draft_share = match (&config.draft_model, config.speculation.map(|c| c.mode)) {
+            (Some(d), Some(SpecMode::Draft)) => {
+                let bytes = |m: &Model| m.gguf().bytes().len().max(1) as f64;
+                (bytes(&d.0) / bytes(&model)).clamp(0.02, 1.0)
+            }
+            (_, Some(SpecMode::Mtp)) => 0.2,
+            _ => 0.0,
         };
         let ps = config.page_tokens;
         if !(CHUNK_ALIGN..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
@@ -1002,6 +1017,8 @@ impl EngineCore {
             stats: EngineStats::default(),
             token_cost_s: None,
             step_cost: StepCost::new(row_share),
+            draft_cost: DraftCost::new(draft_share),
+            draft_s: 0.0,
             epoch: std::time::Instant::now(),
             mask_buffers: MaskBuffers::default(),
             drafter,
@@ -1313,7 +1330,9 @@ impl EngineCore {
         let step_s = started.elapsed().as_secs_f64();
         self.stats.step_seconds_total += step_s;
         if decode_only {
-            self.step_cost.observe(batch.tokens.len(), step_s);
+            // The model's part: the drafting model's passes are costed apart.
+            self.step_cost
+                .observe(batch.tokens.len(), (step_s - self.draft_s).max(0.0));
         }
         // Where a step's time goes: planning (admission, scheduling), building the
         // batch's inputs, the model, then sampling and sending events.
@@ -1401,6 +1420,7 @@ impl EngineCore {
     /// (see [`crate::spec`]), unless more requests decode than
     /// [`SpecConfig::max_batch`]. Drafts stop before the request's token limit.
     fn propose_drafts(&mut self) {
+        self.draft_s = 0.0;
         let Some(cfg) = self.config.speculation else {
             return;
         };
@@ -1436,20 +1456,40 @@ impl EngineCore {
                 max: depth.max.min(left),
                 acceptance: depth.acceptance(),
                 probe: depth.probe_due(),
+                behind: 0,
+                left,
             };
             who.push(i);
             asks.push(ask);
         }
+        if let Some(d) = self.model_drafter(cfg.mode) {
+            for (a, &i) in asks.iter_mut().zip(&who) {
+                a.behind = d.behind(self.running[i].id, &self.running[i].tokens);
+            }
+        }
         let depths: Vec<usize> = match cfg.fixed_depth {
             true => asks.iter().map(|a| a.max).collect(),
             false => {
-                let cost = self.step_cost.line_or_prior();
+                let (base, per_row) = self.step_cost.line_or_prior();
+                let (draft_token, catch_up_token) = match cfg.mode {
+                    SpecMode::Draft | SpecMode::Mtp => self.draft_cost.seconds(base + per_row),
+                    SpecMode::Ngram => (0.0, 0.0),
+                };
+                let cost = PlanCost {
+                    base,
+                    per_row,
+                    draft_token,
+                    catch_up_token,
+                };
                 let depths = plan_depths(&asks, decoding, cost);
                 tracing::debug!(
                     target: "tempo9_engine::drafts",
-                    base_ms = cost.0 * 1e3,
-                    per_row_ms = cost.1 * 1e3,
+                    base_ms = base * 1e3,
+                    per_row_ms = per_row * 1e3,
+                    draft_token_ms = draft_token * 1e3,
+                    catch_up_token_ms = catch_up_token * 1e3,
                     acceptance = ?asks.iter().map(|a| a.acceptance).collect::<Vec<_>>(),
+                    behind = ?asks.iter().map(|a| a.behind).collect::<Vec<_>>(),
                     ?depths,
                     "draft depths planned"
                 );
@@ -1488,12 +1528,24 @@ impl EngineCore {
         if wanted.is_empty() {
             return;
         }
+        // What the drafting model reads before drafting (for its cost).
+        let caught_up: usize = match self.model_drafter(cfg.mode) {
+            Some(d) => wanted
+                .iter()
+                .filter_map(|&(id, _)| {
+                    let s = self.running.iter().find(|s| s.id == id)?;
+                    Some(d.behind(id, &s.tokens))
+                })
+                .sum(),
+            None => return,
+        };
         // All requests' drafts come from the same forward passes of the drafting model.
         let drafter: &mut dyn ModelDrafter = match (cfg.mode, &mut self.drafter, &mut self.mtp) {
             (SpecMode::Mtp, _, Some(m)) => m,
             (SpecMode::Draft, Some(d), _) => d,
             _ => return,
         };
+        let passes = wanted.iter().map(|w| w.1).max().unwrap_or(0);
         let running = &self.running;
         let jobs: Vec<DraftJob<'_>> = wanted
             .iter()
@@ -1503,8 +1555,19 @@ impl EngineCore {
                 k,
             })
             .collect();
-        match drafter.propose(&jobs) {
+        let t0 = std::time::Instant::now();
+        let proposed = drafter.propose(&jobs);
+        self.draft_s = t0.elapsed().as_secs_f64();
+        match proposed {
             Ok(drafts) => {
+                let (base, per_row) = self.step_cost.line_or_prior();
+                self.draft_cost.observe(
+                    self.draft_s,
+                    jobs.len(),
+                    caught_up,
+                    passes,
+                    base + per_row,
+                );
                 drop(jobs);
                 for ((id, _), d) in wanted.into_iter().zip(drafts) {
                     if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
@@ -1520,6 +1583,15 @@ impl EngineCore {
                     drafter.free(id);
                 }
             }
+        }
+    }
+
+    /// The model that drafts in `mode`, if it has one.
+    fn model_drafter(&self, mode: SpecMode) -> Option<&dyn ModelDrafter> {
+        match (mode, &self.drafter, &self.mtp) {
+            (SpecMode::Mtp, _, Some(m)) => Some(m),
+            (SpecMode::Draft, Some(d), _) => Some(d),
+            _ => None,
         }
     }
 

@@ -237,6 +237,14 @@ impl ModelDrafter for MtpDrafter {
         }
     }
 
+    fn behind(&self, id: RequestId, tokens: &[u32]) -> usize {
+        super::draft::behind(
+            self.seqs.get(&id).map(|s| s.written.as_slice()),
+            || self.pool.lookup_prefix(tokens, 0).n_cached_tokens,
+            tokens,
+        )
+    }
+
     /// Drafts for each job, in order (empty where the head's KV pool is full).
     fn propose(&mut self, jobs: &[DraftJob<'_>]) -> Result<Vec<Vec<u32>>, ModelError> {
         let e = self.n_embd;
