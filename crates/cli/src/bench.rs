@@ -65,9 +65,14 @@ fn run_all(engine: &mut EngineCore, reqs: Vec<Request>) -> Result<()> {
 
 /// Decode speed of `req` alone: the tokens after its first over the time after the
 /// first arrived, and its usage.
-fn decode_rate(engine: &mut EngineCore, req: Request) -> Result<(f64, Usage)> {
+fn decode_rate(
+    engine: &mut EngineCore,
+    req: Request,
+    profile: &mut Decoded,
+) -> Result<(f64, Usage)> {
     let mut stream = engine.submit(req)?;
     let (mut first, mut n, mut usage) = (None, 0usize, None);
+    let mut at_first = None;
     loop {
         let more = engine.step()?;
         while let Some(ev) = stream.try_recv() {
@@ -75,6 +80,7 @@ fn decode_rate(engine: &mut EngineCore, req: Request) -> Result<(f64, Usage)> {
                 Event::Token(_) => {
                     n += 1;
                     first.get_or_insert_with(std::time::Instant::now);
+                    at_first.get_or_insert_with(tempo9_ggml::sched_stats);
                 }
                 Event::Finished(f) => usage = Some(f.usage),
             }
@@ -85,7 +91,30 @@ fn decode_rate(engine: &mut EngineCore, req: Request) -> Result<(f64, Usage)> {
     }
     let usage = usage.ok_or_else(|| anyhow::anyhow!("the request did not finish"))?;
     let secs = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    if let Some(a) = at_first {
+        profile.add(a, tempo9_ggml::sched_stats(), secs);
+    }
     Ok((n.saturating_sub(1) as f64 / secs.max(1e-9), usage))
+}
+
+/// Scheduler counters and wall time summed over the decode parts of
+/// [`decode_rate`]'s requests (after their first token: not the prompt's steps).
+#[derive(Default)]
+struct Decoded {
+    stats: tempo9_ggml::SchedStats,
+    secs: f64,
+}
+
+impl Decoded {
+    fn add(&mut self, a: tempo9_ggml::SchedStats, b: tempo9_ggml::SchedStats, secs: f64) {
+        let s = &mut self.stats;
+        s.allocs += b.allocs - a.allocs;
+        s.alloc_ns += b.alloc_ns - a.alloc_ns;
+        s.computes += b.computes - a.computes;
+        s.compute_ns += b.compute_ns - a.compute_ns;
+        s.last_splits = b.last_splits;
+        self.secs += secs;
+    }
 }
 
 /// Runs `tempo9 bench` and prints one JSON object.
@@ -151,9 +180,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         None => None,
     };
     let (s0, t_tg) = (tempo9_ggml::sched_stats(), std::time::Instant::now());
+    let mut decoded = Decoded::default();
     for _ in 0..a.reps.max(1) * (a.tg > 0) as usize {
         if let Some(p) = &tg_prompt {
-            let (rate, usage) = decode_rate(&mut engine, request(p.clone(), a.tg))?;
+            let (rate, usage) = decode_rate(&mut engine, request(p.clone(), a.tg), &mut decoded)?;
             tg.push(rate);
             drafts.push(
                 json!({"drafted": usage.draft_tokens, "accepted": usage.accepted_draft_tokens}),
@@ -165,7 +195,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         run_all(&mut engine, vec![request(vec![next()], a.tg)])?;
         tg.push(a.tg as f64 / t0.elapsed().as_secs_f64());
     }
-    let tg_profile = step_profile(s0, t_tg.elapsed());
+    // With a prompt file, the decode steps only (its prompt's prefill would swamp them).
+    let tg_profile = match tg_prompt {
+        Some(_) => step_profile(
+            decoded.stats,
+            std::time::Duration::from_secs_f64(decoded.secs),
+        ),
+        None => step_profile(since(s0, tempo9_ggml::sched_stats()), t_tg.elapsed()),
+    };
     let out = json!({
         "model": name,
         "threads": threads,
@@ -180,26 +217,32 @@ pub fn run(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Where the time of the steps since `s0` went, per step, in milliseconds: graph
+/// Counters from `a` to `b` (the last graph's splits as of `b`).
+fn since(a: tempo9_ggml::SchedStats, b: tempo9_ggml::SchedStats) -> tempo9_ggml::SchedStats {
+    let mut d = Decoded::default();
+    d.add(a, b, 0.0);
+    d.stats
+}
+
+/// Where the time of the steps counted in `d` went, per step, in milliseconds: graph
 /// allocation (none when a step reuses its predecessor's graph) and computation
 /// (the scheduler's counters; computation includes waiting for the device) and the
 /// rest of the host's work (graph building, input writes, sampling, engine
 /// bookkeeping).
-fn step_profile(s0: tempo9_ggml::SchedStats, wall: std::time::Duration) -> Value {
-    let s1 = tempo9_ggml::sched_stats();
-    let steps = (s1.computes - s0.computes).max(1) as f64;
+fn step_profile(d: tempo9_ggml::SchedStats, wall: std::time::Duration) -> Value {
+    let steps = d.computes.max(1) as f64;
     let ms = |ns: u64| ns as f64 / 1e6 / steps;
-    let alloc = ms(s1.alloc_ns - s0.alloc_ns);
-    let compute = ms(s1.compute_ns - s0.compute_ns);
+    let alloc = ms(d.alloc_ns);
+    let compute = ms(d.compute_ns);
     let total = wall.as_secs_f64() * 1e3 / steps;
     json!({
-        "steps": s1.computes - s0.computes,
+        "steps": d.computes,
         "ms_per_step": total,
         "alloc_ms": alloc,
         "compute_ms": compute,
         "other_host_ms": total - alloc - compute,
-        "splits": s1.last_splits,
+        "splits": d.last_splits,
         // Steps that reused the previous step's graph instead of building one.
-        "graphs_reused": (s1.computes - s0.computes).saturating_sub(s1.allocs - s0.allocs),
+        "graphs_reused": d.computes.saturating_sub(d.allocs),
     })
 }
