@@ -313,14 +313,19 @@ impl StepCost {
 /// the drafting model for every request drafting in the step) and per token
 /// caught up (the tokens of a request it has not yet seen, computed in one pass
 /// before its first draft: the prompt the first time, the tokens since it last
-/// drafted after a rest). Until measured, shares of a one-row step of the target
-/// model: decode moves every weight once, so a draft token costs about the
-/// drafting model's bytes over the target's, and catching up a token (a prefill
-/// row) a quarter of that. Then decayed averages of what the passes took.
+/// drafted after a rest). Until measured, from the target model's own costs: a
+/// draft token a share of its one-row step (decode moves every weight once, so
+/// about the drafting model's bytes over the target's), a caught-up token a share
+/// of what the target's prefill spends per token (a draft model: the same bytes
+/// share; the MTP head: one layer of the target's), or before any prefill was
+/// measured a quarter of the draft token's. Then decayed averages of what the
+/// passes took.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct DraftCost {
     token: Measured,
     catch_up: Measured,
+    /// Share of the target's prefill cost per token that a caught-up token costs.
+    catch_up_share: f64,
 }
 
 /// A cost in seconds, or a share of a one-row step until measured.
@@ -350,12 +355,14 @@ impl Measured {
 const DRAFT_COST_DECAY: f64 = 0.8;
 
 impl DraftCost {
-    /// Costs for a drafting model of `share` of the target's bytes (0: drafts
-    /// cost nothing).
-    pub fn new(share: f64) -> DraftCost {
+    /// Costs for a drafting model whose draft token costs `token_share` of the
+    /// target's one-row step and whose caught-up token costs `catch_up_share` of
+    /// the target's prefill per token (0, 0: drafts cost nothing).
+    pub fn new(token_share: f64, catch_up_share: f64) -> DraftCost {
         DraftCost {
-            token: Measured::Share(share),
-            catch_up: Measured::Share(share / 4.0),
+            token: Measured::Share(token_share),
+            catch_up: Measured::Share(token_share / 4.0),
+            catch_up_share,
         }
     }
 
@@ -384,9 +391,14 @@ impl DraftCost {
         }
     }
 
-    /// Seconds per draft token and per caught-up token, given a one-row step's.
-    pub fn seconds(&self, one_row: f64) -> (f64, f64) {
-        (self.token.seconds(one_row), self.catch_up.seconds(one_row))
+    /// Seconds per draft token and per caught-up token, given a one-row step's
+    /// and, if measured, the target's prefill seconds per token.
+    pub fn seconds(&self, one_row: f64, prefill_token: Option<f64>) -> (f64, f64) {
+        let catch_up = match (self.catch_up, prefill_token) {
+            (Measured::Share(_), Some(p)) => self.catch_up_share * p,
+            (c, _) => c.seconds(one_row),
+        };
+        (self.token.seconds(one_row), catch_up)
     }
 }
 
@@ -721,19 +733,22 @@ mod tests {
 
     #[test]
     fn draft_costs_are_measured_apart() {
-        let mut c = DraftCost::new(0.3);
-        // Before any pass: shares of a one-row step.
-        let (t, u) = c.seconds(0.030);
+        let mut c = DraftCost::new(0.3, 0.3);
+        // Before any pass: shares of a one-row step, or of the target's measured
+        // prefill per token for a caught-up token.
+        let (_, u) = c.seconds(0.030, Some(0.010));
+        assert!((u - 0.003).abs() < 1e-12, "{u}");
+        let (t, u) = c.seconds(0.030, None);
         assert!(
             (t - 0.009).abs() < 1e-12 && (u - 0.00225).abs() < 1e-12,
             "{t} {u}"
         );
         // A pass with no catch-up: 2 draft tokens in 24 ms.
         c.observe(0.024, 1, 1, 2, 0.030);
-        assert_eq!(c.seconds(0.030).0, 0.012);
+        assert_eq!(c.seconds(0.030, None).0, 0.012);
         // A catch-up of 101 tokens then 1 more draft pass: 0.5 s less 12 ms.
         c.observe(0.5, 1, 101, 2, 0.030);
-        let (t, u) = c.seconds(0.030);
+        let (t, u) = c.seconds(0.030, Some(0.010));
         assert_eq!(t, 0.012);
         assert!((u - 0.488 / 101.0).abs() < 1e-12, "{u}");
     }

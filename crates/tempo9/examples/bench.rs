@@ -181,7 +181,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let ratios: Vec<f64> = rates.iter().zip(&core_rates).map(|(s, c)| s / c).collect();
     // Pair by pair: how much sooner the first token came in process.
-    let saved: Vec<f64> = ttft_http.iter().zip(&ttft_sdk).map(|(h, s)| h - s).collect();
+    let saved: Vec<f64> = ttft_http
+        .iter()
+        .zip(&ttft_sdk)
+        .map(|(h, s)| h - s)
+        .collect();
     println!(
         "{}",
         json!({

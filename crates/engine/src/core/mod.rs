@@ -741,15 +741,18 @@ impl EngineCore {
             0.5
         };
         // A draft token costs about the drafting model's bytes over the target's
-        // (decode reads every weight once); the MTP head is one layer and the
-        // output head, about a fifth of a small model. Measured once drafting.
+        // (decode reads every weight once), a token it catches up that share of
+        // the target's prefill per token; the MTP head drafts through one layer
+        // and the output head (about a fifth of a small model's step) and catches
+        // up through its one layer. Measured once drafting.
         let draft_share = match (&config.draft_model, config.speculation.map(|c| c.mode)) {
             (Some(d), Some(SpecMode::Draft)) => {
                 let bytes = |m: &Model| m.gguf().bytes().len().max(1) as f64;
-                (bytes(&d.0) / bytes(&model)).clamp(0.02, 1.0)
+                let share = (bytes(&d.0) / bytes(&model)).clamp(0.02, 1.0);
+                (share, share)
             }
-            (_, Some(SpecMode::Mtp)) => 0.2,
-            _ => 0.0,
+            (_, Some(SpecMode::Mtp)) => (0.2, 1.0 / hp.n_layer.max(1) as f64),
+            _ => (0.0, 0.0),
         };
         let ps = config.page_tokens;
         if !(CHUNK_ALIGN..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
@@ -1015,7 +1018,7 @@ impl EngineCore {
             stats: EngineStats::default(),
             token_cost_s: None,
             step_cost: StepCost::new(row_share),
-            draft_cost: DraftCost::new(draft_share),
+            draft_cost: DraftCost::new(draft_share.0, draft_share.1),
             draft_s: 0.0,
             epoch: std::time::Instant::now(),
             mask_buffers: MaskBuffers::default(),

@@ -66,7 +66,9 @@ impl EngineCore {
             false => {
                 let (base, per_row) = self.step_cost.line_or_prior();
                 let (draft_token, catch_up_token) = match cfg.mode {
-                    SpecMode::Draft | SpecMode::Mtp => self.draft_cost.seconds(base + per_row),
+                    SpecMode::Draft | SpecMode::Mtp => {
+                        self.draft_cost.seconds(base + per_row, self.token_cost_s)
+                    }
                     SpecMode::Ngram => (0.0, 0.0),
                 };
                 let cost = PlanCost {
