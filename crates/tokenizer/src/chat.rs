@@ -803,7 +803,6 @@ fn escape_json(lit: &Literals, v: &Json) -> Json {
     }
 }
 
-/// The render's output, refusing to grow past [`TEMPLATE_MAX_OUTPUT`].
 /// Stack of a render thread: deep enough for [`TEMPLATE_RECURSION`] levels of
 /// macros and minijinja's own recursion with room to spare.
 const RENDER_STACK: usize = 8 << 20;
@@ -856,6 +855,7 @@ fn over_time() -> TokenizerError {
     }
 }
 
+/// The render's output, refusing to grow past [`TEMPLATE_MAX_OUTPUT`].
 struct CappedOutput {
     buf: Vec<u8>,
     full: bool,

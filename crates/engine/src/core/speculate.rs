@@ -92,6 +92,8 @@ impl EngineCore {
                 depths
             }
         };
+        // What the drafting model reads before drafting (for its cost).
+        let mut caught_up = 0;
         for ((&i, ask), &k) in who.iter().zip(&asks).zip(&depths) {
             let s = &mut self.running[i];
             if streams == 0 {
@@ -109,7 +111,10 @@ impl EngineCore {
             match cfg.mode {
                 _ if !s.draft.is_empty() => {}
                 SpecMode::Ngram => s.draft = propose_ngram(&s.tokens, k),
-                SpecMode::Draft | SpecMode::Mtp if k > 0 => wanted.push((s.id, k)),
+                SpecMode::Draft | SpecMode::Mtp if k > 0 => {
+                    caught_up += ask.behind;
+                    wanted.push((s.id, k));
+                }
                 SpecMode::Draft | SpecMode::Mtp => {}
             }
             s.cut_drafts_to_constraint();
@@ -124,17 +129,6 @@ impl EngineCore {
         if wanted.is_empty() {
             return;
         }
-        // What the drafting model reads before drafting (for its cost).
-        let caught_up: usize = match self.model_drafter(cfg.mode) {
-            Some(d) => wanted
-                .iter()
-                .filter_map(|&(id, _)| {
-                    let s = self.running.iter().find(|s| s.id == id)?;
-                    Some(d.behind(id, &s.tokens))
-                })
-                .sum(),
-            None => return,
-        };
         // All requests' drafts come from the same forward passes of the drafting model.
         let drafter: &mut dyn ModelDrafter = match (cfg.mode, &mut self.drafter, &mut self.mtp) {
             (SpecMode::Mtp, _, Some(m)) => m,
