@@ -1,6 +1,9 @@
 //! The engine core: requests and the step loop, driven by one thread (see
 //! [`crate::Engine`] for the threaded wrapper).
 //!
+//! [`setup`] builds the engine and splits its KV budget; requests come in through
+//! [`intake`] (checked against the engine's limits, then queued).
+//!
 //! Every [`EngineCore::step`] runs one model forward over a batch assembled from all
 //! running requests (continuous batching). The step follows the data flow:
 //! - admission ([`admission`]): waiting requests get their cached prefix and pages;
@@ -13,6 +16,10 @@
 //!   model, commits the KV to the prefix cache and samples ([`output`] turns tokens
 //!   into events).
 //!
+//! [`plan`] sizes the step's prompt budget, asks the scheduler for its plan and
+//! carries out the preemptions; requests end in [`finish`]; an idle engine gives
+//! memory back ([`idle`]); [`stats`] holds what the engine reports.
+//!
 //! KV memory is managed per group of layers by [`crate::cache::KvCache`]; with an
 //! SSD tier ([`EngineConfig::ssd`], [`crate::ssd`]), cached pages evicted from RAM
 //! are written to disk and read back for later hits ([`tier`]).
@@ -20,44 +27,50 @@
 mod admission;
 mod checkpoints;
 mod draft;
+mod finish;
+mod idle;
 mod images;
+mod intake;
 mod mtp;
 mod output;
+mod plan;
 mod runner;
+mod setup;
 mod speculate;
 mod state_tier;
+mod stats;
 mod tier;
 mod window_tier;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tempo9_models::vision::ImageDecoding;
-use tempo9_models::{CacheGroup, Executor, GroupKind, KvStore, Model, ModelError};
+use tempo9_models::{CacheGroup, Executor, KvStore, Model, ModelError};
 use tempo9_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::cache::KvCache;
 use crate::image::Images;
-use crate::pages::PagePool;
-use crate::partial_page;
-use crate::recurrent::{RecurrentStates, RecurrentStats};
-use crate::request::{
-    Event, Finish, FinishReason, Request, RequestId, TokenConstraint, TokenMask, Usage,
-};
+#[cfg(doc)]
+use crate::request::Request;
+use crate::request::{Event, FinishReason, RequestId, TokenConstraint, TokenMask, Usage};
 use crate::sampler::Sampler;
-use crate::scheduler::{self, itl_budget, Policy, Progress, Rank, CHUNK_ALIGN, KV_WINDOW_PAD};
-use crate::sliding::{SlidingPages, SlidingStats};
-use crate::spec::{Depth, DraftCost, SpecConfig, SpecMode, StepCost, MAX_DRAFT};
-use crate::ssd::{LoadId, SsdConfig, SsdStats, SsdTier};
+use crate::scheduler::{Policy, Progress, Rank, CHUNK_ALIGN};
+#[cfg(doc)]
+use crate::spec::SpecMode;
+use crate::spec::{Depth, DraftCost, SpecConfig, StepCost};
+use crate::ssd::{LoadId, SsdConfig, SsdTier};
 use crate::stop::TextStream;
-use crate::stream::{RequestStream, Ticket};
 use crate::vision::{VisionModel, VisionWorker};
 use runner::MaskBuffers;
+use speculate::SpecStates;
 
 pub use draft::DraftModel;
-use draft::{Drafter, ModelDrafter};
+use draft::Drafter;
+pub(crate) use intake::Limits;
+pub use intake::SubmitError;
 use mtp::MtpDrafter;
+pub use stats::{EngineStats, RequestPhase, RequestProgress};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -192,89 +205,6 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get())
 }
 
-/// Full-attention pages and sliding-window pages for a KV `budget` in bytes, given
-/// a full page's bytes and, with a sliding group, its page's bytes and window.
-///
-/// The sliding group gets what every running request's window needs (the window
-/// plus a step's tokens, in pages, plus a page), one such window of slack, and the
-/// windows a cached prefix keeps ([`EngineConfig::window_checkpoint_tokens`]) for every
-/// full page; the full group gets the rest. When the budget cannot give the running
-/// requests their windows, both groups get the same number of pages (the memory of
-/// one cache for all layers).
-fn split_budget(
-    budget: usize,
-    page_bytes: usize,
-    sliding: Option<(usize, usize)>,
-    config: &EngineConfig,
-) -> (usize, usize) {
-    let Some((sliding_bytes, window)) = sliding else {
-        return (budget / page_bytes, 0);
-    };
-    let ps = config.page_tokens;
-    let step = config.step_tokens.max(config.solo_step_tokens);
-    let live = (window + step).div_ceil(ps) + 1;
-    let fixed = (config.max_running + 1) * live;
-    // Sliding pages kept per full page of cached prefix.
-    let k = config.window_checkpoint_tokens;
-    let per_page = if k == 0 {
-        0.0
-    } else {
-        (window.div_ceil(ps) + 3) as f64 / k.div_ceil(ps) as f64
-    };
-    let same = budget / (page_bytes + sliding_bytes);
-    let Some(rest) = budget.checked_sub(fixed * sliding_bytes) else {
-        return (same, same);
-    };
-    let n = (rest as f64 / (page_bytes as f64 + per_page * sliding_bytes as f64)) as usize;
-    let m = fixed + (per_page * n as f64).ceil() as usize;
-    if m >= n || n * ps < KV_WINDOW_PAD {
-        return (same, same);
-    }
-    (n, m)
-}
-
-/// Of `budget` bytes left after the running requests' live states, the bytes for
-/// pages and the number of state checkpoint slots of `slot_bytes` each: a checkpoint
-/// per [`EngineConfig::state_checkpoint_tokens`] of cached pages, plus two per
-/// running request (a prompt's junction and end, or an answer's last page), as far
-/// as the budget allows (at most half of it goes to checkpoints).
-fn split_state_budget(
-    budget: usize,
-    page_bytes: usize,
-    slot_bytes: usize,
-    config: &EngineConfig,
-) -> (usize, usize) {
-    let fixed = (2 * config.max_running).min(budget / 2 / slot_bytes.max(1));
-    let rest = budget - fixed * slot_bytes;
-    let every = config.state_checkpoint_tokens;
-    if every == 0 {
-        return (rest, fixed);
-    }
-    // Per page: its bytes and its share of a checkpoint.
-    let share = config.page_tokens as f64 / every as f64;
-    let n_pages = rest as f64 / (page_bytes as f64 + share * slot_bytes as f64);
-    let n = ((share * n_pages) as usize).min(rest / 2 / slot_bytes.max(1));
-    (rest - n * slot_bytes, fixed + n)
-}
-
-/// The default KV budget on `model`'s device: a quarter of the machine's memory,
-/// and on a GPU at most what [`gpu_kv_budget`] leaves.
-fn default_kv_budget(model: &Model) -> usize {
-    let host = host_kv_budget();
-    let Some((free, total)) = model.device_memory() else {
-        return host;
-    };
-    let budget = gpu_kv_budget(host, free, total);
-    if budget < host {
-        tracing::info!(
-            free_mib = free >> 20,
-            kv_mib = budget >> 20,
-            "KV budget limited by free device memory (--kv-budget sets it)"
-        );
-    }
-    budget
-}
-
 /// A GPU's default KV budget: `host` (a quarter of the machine's memory) or, if less,
 /// the device's `free` memory (weights already loaded) less a reserve for the
 /// compute buffers, which grow at run time with the largest step (~0.7 GiB for
@@ -286,23 +216,6 @@ pub(crate) fn gpu_kv_budget(host: usize, free: usize, total: usize) -> usize {
     host.min(free.saturating_sub(reserve))
 }
 
-/// Step buffers an idle engine on the CPU keeps (see
-/// `EngineCore::release_step_buffers`): a decode step's and a short prompt's.
-const IDLE_KEEP_STEP_BYTES: usize = 8 << 20;
-
-/// A quarter of the machine's memory (4 GiB when it cannot be read).
-fn host_kv_budget() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<usize>().ok())
-        })
-        .map(|kib| kib * 1024);
-    total.map_or(4 << 30, |t| t / 4)
-}
-
 /// Errors creating or running the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -312,217 +225,6 @@ pub enum EngineError {
     /// The settings cannot work.
     #[error("invalid engine configuration: {0}")]
     Config(String),
-}
-
-/// Why a request was refused at submission.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
-    /// Too many requests are waiting.
-    #[error("server busy: {waiting} requests already waiting")]
-    QueueFull {
-        /// Requests waiting.
-        waiting: usize,
-    },
-    /// The prompt leaves no room for output within the context limit.
-    #[error("prompt of {prompt_tokens} tokens exceeds the context limit of {max_context} tokens")]
-    PromptTooLong {
-        /// Prompt tokens.
-        prompt_tokens: usize,
-        /// The limit (prompt + output).
-        max_context: usize,
-    },
-    /// The request is malformed.
-    #[error("invalid request: {0}")]
-    BadRequest(String),
-    /// The engine has shut down.
-    #[error("the engine has stopped")]
-    Stopped,
-}
-
-/// A snapshot of the engine's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineStats {
-    /// Requests waiting for admission.
-    pub waiting: usize,
-    /// Requests holding KV and computing.
-    pub running: usize,
-    /// KV pages in the pool.
-    pub kv_pages_total: usize,
-    /// Pages held by running requests.
-    pub kv_pages_used: usize,
-    /// Unreferenced pages kept for the prefix cache (evictable).
-    pub kv_pages_cached: usize,
-    /// Pages never written or released without being cached.
-    pub kv_pages_free: usize,
-    /// Tokens per page.
-    pub page_tokens: usize,
-    /// Bytes of one full-attention page (its layers' K and V).
-    pub page_bytes: usize,
-    /// Prompt tokens looked up in the prefix cache.
-    pub prefix_query_tokens: u64,
-    /// Of those, tokens found cached (whole pages, or copied into a short prompt's
-    /// first page).
-    pub prefix_hit_tokens: u64,
-    /// Of the hits, tokens copied from another short prompt's first page.
-    pub prefix_copied_tokens: u64,
-    /// Cached pages evicted to make room.
-    pub evicted_pages: u64,
-    /// Prompt tokens of all admitted requests.
-    pub prompt_tokens_total: u64,
-    /// Tokens generated.
-    pub generated_tokens_total: u64,
-    /// Requests preempted.
-    pub preemptions_total: u64,
-    /// Model steps run.
-    pub steps_total: u64,
-    /// Tokens computed by model steps (prompt chunks and decodes).
-    pub computed_tokens_total: u64,
-    /// Seconds spent in steps that ran the model: scheduling, the forward pass,
-    /// sampling and sending events.
-    pub step_seconds_total: f64,
-    /// Of those, seconds in the forward pass (graph build, compute, reading logits):
-    /// the rest is the engine's own host work per step.
-    pub forward_seconds_total: f64,
-    /// Requests waiting for their cached prefix to be read from the SSD tier.
-    pub loading: usize,
-    /// The SSD tier's counters (all zero without one).
-    pub ssd: SsdStats,
-    /// The sliding-window group's pages (all zero without one).
-    pub sliding: SlidingStats,
-    /// Bytes of one sliding-window page (0 without one).
-    pub sliding_page_bytes: usize,
-    /// The recurrent-state group's slots (all zero without one).
-    pub recurrent: RecurrentStats,
-    /// Bytes of one recurrent state slot (every recurrent layer's states; 0 without one).
-    pub state_slot_bytes: usize,
-    /// Draft tokens verified by speculative decoding.
-    pub draft_tokens_total: u64,
-    /// Of those, tokens accepted.
-    pub accepted_draft_tokens_total: u64,
-    /// Images the vision encoder computed (an image found in its cache, or in the
-    /// prefix cache, is not encoded again).
-    pub images_encoded_total: u64,
-    /// Seconds the vision encoder spent on those encodes.
-    pub image_encode_seconds_total: f64,
-}
-
-/// Where a request is in the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestPhase {
-    /// Waiting for admission (queued, or preempted and waiting again).
-    Waiting,
-    /// Admitted; its cached prefix is being read back from the SSD tier.
-    Loading,
-    /// Holding KV and computing (prefill or decode).
-    Running,
-}
-
-/// One request's progress as of the last step ([`EngineCore::requests`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestProgress {
-    /// The request's id (its stream's [`crate::RequestStream::id`]).
-    pub id: RequestId,
-    /// Where it is.
-    pub phase: RequestPhase,
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Of those, tokens whose KV came from the prefix cache (0 before admission).
-    pub cached_tokens: usize,
-    /// Tokens whose KV is computed or cached (prompt and output).
-    pub computed_tokens: usize,
-    /// Tokens generated so far.
-    pub generated_tokens: usize,
-    /// Times it was preempted.
-    pub preemptions: u32,
-}
-
-/// Checks a request against the engine's fixed limits; shared by the core and the
-/// threaded handle (which refuses bad requests before they reach the engine thread).
-#[derive(Debug, Clone)]
-pub(crate) struct Limits {
-    pub n_vocab: usize,
-    pub max_context: usize,
-    pub max_waiting: usize,
-    /// Most tokens the whole pool can hold for one request.
-    pub pool_tokens: usize,
-    /// With a vision encoder: pixels per side of one image token (a
-    /// preprocessed image's sides are multiples of it).
-    pub image_token_side: Option<usize>,
-    /// With a vision encoder: how the model takes an image's tokens.
-    pub image_decoding: ImageDecoding,
-}
-
-impl Limits {
-    pub fn check(&self, r: &Request, waiting: usize) -> Result<(), SubmitError> {
-        if r.prompt.is_empty() {
-            return Err(SubmitError::BadRequest("empty prompt".into()));
-        }
-        let mut ids = r.prompt.iter().chain(&r.prediction);
-        if let Some(&t) = ids.find(|&&t| t as usize >= self.n_vocab) {
-            return Err(SubmitError::BadRequest(format!(
-                "token {t} outside the vocabulary of {}",
-                self.n_vocab
-            )));
-        }
-        if r.prediction.len() > self.max_context {
-            return Err(SubmitError::BadRequest(format!(
-                "predicted output of {} tokens exceeds the context limit of {} tokens",
-                r.prediction.len(),
-                self.max_context
-            )));
-        }
-        self.check_images(r)?;
-        let limit = self.max_context.min(self.pool_tokens);
-        if r.prompt.len() >= limit {
-            return Err(SubmitError::PromptTooLong {
-                prompt_tokens: r.prompt.len(),
-                max_context: limit,
-            });
-        }
-        if waiting >= self.max_waiting {
-            return Err(SubmitError::QueueFull { waiting });
-        }
-        Ok(())
-    }
-}
-
-impl Limits {
-    /// Images must lie in the prompt, in order, on the encoder's grid.
-    fn check_images(&self, r: &Request) -> Result<(), SubmitError> {
-        if r.images.is_empty() {
-            return Ok(());
-        }
-        let Some(side) = self.image_token_side else {
-            return Err(SubmitError::BadRequest(
-                "this model takes no images (no vision projector is loaded)".into(),
-            ));
-        };
-        let mut next = 0;
-        for (i, img) in r.images.iter().enumerate() {
-            let (w, h) = (img.pixels.width, img.pixels.height);
-            if w == 0 || h == 0 || !w.is_multiple_of(side) || !h.is_multiple_of(side) {
-                return Err(SubmitError::BadRequest(format!(
-                    "image {i} of {w}x{h} pixels is not preprocessed for the encoder (sides must be multiples of {side})"
-                )));
-            }
-            if img.pixels.planar.len() != 3 * w * h {
-                return Err(SubmitError::BadRequest(format!(
-                    "image {i}: {} values for 3 channels of {w}x{h}",
-                    img.pixels.planar.len()
-                )));
-            }
-            let end = img.at + (w / side) * (h / side);
-            if img.at < next || end > r.prompt.len() {
-                return Err(SubmitError::BadRequest(format!(
-                    "image {i}'s tokens {}..{end} overlap another image or leave the prompt of {} tokens",
-                    img.at,
-                    r.prompt.len()
-                )));
-            }
-            next = end;
-        }
-        Ok(())
-    }
 }
 
 /// A request inside the engine.
@@ -702,334 +404,7 @@ pub struct EngineCore {
     vision: Option<VisionWorker>,
 }
 
-/// Scratch state slots of a hybrid model's speculative decoding: the recurrent
-/// group's slots `first..first + k * streams`, past those [`RecurrentStates`]
-/// manages. A step's `i`-th verifying request writes the state after each of its
-/// rows but the last into slots `first + i * k ..`; after sampling, a request that
-/// rejected drafts copies the state after its last valid row back into its own
-/// slot.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct SpecStates {
-    first: u32,
-    k: usize,
-    /// Requests that may verify drafts in one step (0: no speculation).
-    streams: usize,
-}
-
-impl SpecStates {
-    /// The scratch slot holding the state after row `row` (0-based) of the `i`-th
-    /// verifying request of a step.
-    pub(super) fn slot(&self, i: usize, row: usize) -> u32 {
-        debug_assert!(i < self.streams && row < self.k);
-        self.first + (i * self.k + row) as u32
-    }
-}
-
 impl EngineCore {
-    /// Builds the engine over a loaded model: executor, KV pool, page table.
-    pub fn new(
-        model: Arc<Model>,
-        tok: Arc<Tokenizer>,
-        mut config: EngineConfig,
-    ) -> Result<EngineCore, EngineError> {
-        let hp = model.hparams();
-        // Until measured: a verification row costs about half a one-row step of a
-        // small model on a few CPU cores, a few percent of a GPU's.
-        let row_share = if model.device_memory().is_some() {
-            0.05
-        } else {
-            0.5
-        };
-        // A draft token costs about the drafting model's bytes over the target's
-        // (decode reads every weight once), a token it catches up that share of
-        // the target's prefill per token; the MTP head drafts through one layer
-        // and the output head (about a fifth of a small model's step) and catches
-        // up through its one layer. Measured once drafting.
-        let draft_share = match (&config.draft_model, config.speculation.map(|c| c.mode)) {
-            (Some(d), Some(SpecMode::Draft)) => {
-                let bytes = |m: &Model| m.gguf().bytes().len().max(1) as f64;
-                let share = (bytes(&d.0) / bytes(&model)).clamp(0.02, 1.0);
-                (share, share)
-            }
-            (_, Some(SpecMode::Mtp)) => (0.2, 1.0 / hp.n_layer.max(1) as f64),
-            _ => (0.0, 0.0),
-        };
-        let ps = config.page_tokens;
-        if !(CHUNK_ALIGN..=KV_WINDOW_PAD).contains(&ps) || !KV_WINDOW_PAD.is_multiple_of(ps) {
-            return Err(EngineError::Config(format!(
-                "page size {ps} must be 64, 128 or 256 tokens"
-            )));
-        }
-        if config.step_tokens == 0 || config.max_running == 0 {
-            return Err(EngineError::Config(
-                "step_tokens and max_running must be positive".into(),
-            ));
-        }
-        if config.max_running > config.step_tokens {
-            return Err(EngineError::Config(format!(
-                "max_running ({}) above step_tokens ({}): not every running request could decode each step",
-                config.max_running, config.step_tokens
-            )));
-        }
-        let groups = model.cache_groups(config.swa_full);
-        // K and V rows are F16, of each layer's width.
-        let cell_bytes = |g: &CacheGroup| hp.cell_bytes(&g.layers);
-        let page_bytes = ps * cell_bytes(&groups[0]);
-        let sliding = groups.get(1).and_then(|g| match g.kind {
-            GroupKind::Sliding { window } => Some((ps * cell_bytes(g), window)),
-            GroupKind::Recurrent => None,
-            GroupKind::Full => unreachable!("only group 0 is full attention"),
-        });
-        // A recurrent group: one state slot (F32 states of every recurrent layer)
-        // per running request, taken from the budget first; checkpoint slots share
-        // the rest with the pages (`split_state_budget`).
-        let slot_bytes = groups
-            .iter()
-            .find(|g| g.kind == GroupKind::Recurrent)
-            .zip(hp.ssm)
-            .map(|(g, ssm)| g.layers.len() * (ssm.conv_state_len() + ssm.ssm_state_len()) * 4);
-        let every = config.state_checkpoint_tokens;
-        if slot_bytes.is_some() && !every.is_multiple_of(ps) {
-            return Err(EngineError::Config(format!(
-                "state checkpoint interval {every} is not a multiple of the page size {ps}"
-            )));
-        }
-        let budget = config
-            .kv_budget_bytes
-            .unwrap_or_else(|| default_kv_budget(&model));
-        // A draft model's KV holds as many tokens as the model's full-attention pages.
-        let (budget, draft_tokens) = match (&config.speculation, &config.draft_model) {
-            (
-                Some(SpecConfig {
-                    mode: SpecMode::Draft,
-                    ..
-                }),
-                Some(d),
-            ) => {
-                d.check_compatible(&model).map_err(EngineError::Config)?;
-                let (t, dt) = (cell_bytes(&groups[0]), Drafter::token_bytes(d));
-                let share = (budget as u128 * dt as u128 / (t + dt) as u128) as usize;
-                (budget - share, share / dt)
-            }
-            (
-                Some(SpecConfig {
-                    mode: SpecMode::Draft,
-                    ..
-                }),
-                None,
-            ) => {
-                return Err(EngineError::Config(
-                    "speculation mode `draft` needs a draft model (--draft-gguf)".into(),
-                ))
-            }
-            (
-                Some(SpecConfig {
-                    mode: SpecMode::Mtp,
-                    ..
-                }),
-                _,
-            ) => {
-                if !model.has_mtp() {
-                    return Err(EngineError::Config(
-                        "speculation mode `mtp` needs a model with an MTP head (a Qwen3.5 file with nextn layers)".into(),
-                    ));
-                }
-                let (t, dt) = (cell_bytes(&groups[0]), model.mtp_token_bytes());
-                let share = (budget as u128 * dt as u128 / (t + dt) as u128) as usize;
-                (budget - share, share / dt)
-            }
-            _ => (budget, 0),
-        };
-        // Each running request of a hybrid model holds a state slot. Where the budget
-        // is small (a GPU's free memory), fewer requests run at once rather than the
-        // engine failing to start: live states take at most half of the budget.
-        if let Some(b) = slot_bytes {
-            let fit = budget / 2 / b;
-            if fit == 0 {
-                return Err(EngineError::Config(format!(
-                    "KV budget of {budget} bytes cannot hold two recurrent states of {b} bytes (--kv-budget)"
-                )));
-            }
-            if fit < config.max_running {
-                tracing::warn!(
-                    max_running = fit,
-                    asked = config.max_running,
-                    state_mib = b >> 20,
-                    "fewer requests run at once: their recurrent states would take over half the KV budget (--kv-budget, --max-running)"
-                );
-                config.max_running = fit;
-            }
-        }
-        // Speculation on a hybrid model: `k` scratch slots per request verifying
-        // drafts, for as many requests as may speculate at once, within a quarter of
-        // the budget.
-        let spec_streams = match (slot_bytes, &config.speculation) {
-            (Some(b), Some(cfg)) => {
-                let want = config.max_running.min(cfg.max_batch);
-                let fit = budget / 4 / (cfg.k.max(1) * b);
-                if fit < want {
-                    tracing::warn!(
-                        streams = fit,
-                        asked = want,
-                        state_mib = b >> 20,
-                        "fewer requests verify drafts at once: their scratch states would take over a quarter of the KV budget (--kv-budget, --speculation-k)"
-                    );
-                }
-                fit.min(want)
-            }
-            _ => 0,
-        };
-        let spec_slots = spec_streams * config.speculation.map_or(0, |c| c.k);
-        let live_bytes = slot_bytes.map_or(0, |b| (config.max_running + spec_slots) * b);
-        let page_budget = budget - live_bytes;
-        let (page_budget, n_checkpoints) = match slot_bytes {
-            Some(b) => split_state_budget(page_budget, page_bytes, b, &config),
-            None => (page_budget, 0),
-        };
-        let recurrent = slot_bytes.map(|b| (config.max_running + n_checkpoints, b));
-        let state_bytes = recurrent.map_or(0, |(n, b)| (n + spec_slots) * b);
-        let spec_states = SpecStates {
-            first: recurrent.map_or(0, |(n, _)| n as u32),
-            k: config.speculation.map_or(0, |c| c.k),
-            streams: spec_streams,
-        };
-        let (n_pages, n_sliding) = split_budget(page_budget, page_bytes, sliding, &config);
-        if n_pages * ps < KV_WINDOW_PAD {
-            return Err(EngineError::Config(format!(
-                "KV budget of {budget} bytes holds {n_pages} pages of {ps} tokens; need at least {KV_WINDOW_PAD} tokens (--kv-budget; a GPU's default is limited by its free memory)"
-            )));
-        }
-        let max_context = config.max_context.unwrap_or(hp.n_ctx_train).max(2);
-        let exec = Executor::new(model.device(), config.threads)?;
-        let drafter = match &config.draft_model {
-            Some(d) if draft_tokens > 0 => {
-                let dr = Drafter::new(d, config.threads, draft_tokens, ps)?;
-                tracing::info!(
-                    tokens = draft_tokens,
-                    kv_mib = (draft_tokens * Drafter::token_bytes(d)) >> 20,
-                    "draft model KV reserved"
-                );
-                Some(dr)
-            }
-            _ => None,
-        };
-        let mtp = match config.speculation {
-            Some(SpecConfig {
-                mode: SpecMode::Mtp,
-                ..
-            }) if draft_tokens > 0 => {
-                let m = MtpDrafter::new(&model, config.threads, draft_tokens, ps)?;
-                tracing::info!(
-                    tokens = draft_tokens,
-                    kv_mib = (draft_tokens * model.mtp_token_bytes()) >> 20,
-                    "MTP head KV reserved"
-                );
-                Some(m)
-            }
-            _ => None,
-        };
-        let cells: Vec<usize> = groups
-            .iter()
-            .map(|g| match g.kind {
-                GroupKind::Full => n_pages * ps,
-                GroupKind::Sliding { .. } => n_sliding * ps,
-                GroupKind::Recurrent => recurrent.map_or(0, |(n, _)| n + spec_slots),
-            })
-            .collect();
-        let kv = model.new_kv(&groups, &cells)?;
-        let sliding_page_bytes = sliding.map_or(0, |(b, _)| b);
-        tracing::info!(
-            n_pages,
-            n_sliding_pages = n_sliding,
-            n_state_slots = recurrent.map_or(0, |(n, _)| n),
-            spec_state_slots = spec_slots,
-            page_tokens = ps,
-            kv_mib = (n_pages * page_bytes + n_sliding * sliding_page_bytes + state_bytes) >> 20,
-            max_context,
-            "KV pool reserved"
-        );
-        let vision = match &config.vision {
-            Some(v) => {
-                let p = v.0.projector();
-                p.check_language_model(hp.arch.name(), hp.n_embd, hp.n_deepstack)
-                    .map_err(|e| EngineError::Config(e.to_string()))?;
-                let w = VisionWorker::start(v, config.vision_inline).map_err(|e| {
-                    EngineError::Config(format!("cannot start the vision encoder thread: {e}"))
-                })?;
-                Some(w)
-            }
-            None => None,
-        };
-        let limits = Limits {
-            n_vocab: hp.n_vocab,
-            max_context,
-            max_waiting: config.max_waiting,
-            pool_tokens: n_pages * ps,
-            image_token_side: config.vision.as_ref().map(|v| v.0.projector().token_side()),
-            image_decoding: config
-                .vision
-                .as_ref()
-                .map(|v| v.0.projector().decoding())
-                .unwrap_or_default(),
-        };
-        let mut pool = PagePool::new(n_pages, ps);
-        let ssd = config
-            .ssd
-            .clone()
-            .and_then(|c| tier::open_ssd(&model, &kv, ps, c));
-        pool.set_eviction_log(ssd.is_some());
-        let cache = match (sliding, recurrent) {
-            (Some((_, window)), _) => KvCache::with_sliding(
-                pool,
-                SlidingPages::new(n_sliding, ps, window, config.window_checkpoint_tokens),
-            ),
-            (None, Some((n_slots, _))) => {
-                KvCache::with_recurrent(pool, RecurrentStates::new(n_slots))
-            }
-            (None, None) => KvCache::new(pool),
-        };
-        let mut cache = cache;
-        if let (Some(r), true) = (cache.recurrent_mut(), ssd.is_some()) {
-            r.set_eviction_log(true);
-        }
-        if let (Some(s), true) = (cache.sliding_mut(), ssd.is_some()) {
-            s.set_eviction_log(true);
-        }
-        Ok(EngineCore {
-            model,
-            tok,
-            exec,
-            compute_bytes_logged: 0,
-            kv,
-            cache,
-            groups,
-            ssd,
-            loading: Vec::new(),
-            window_fills: Default::default(),
-            config,
-            limits,
-            page_bytes,
-            sliding_page_bytes,
-            state_slot_bytes: recurrent.map_or(0, |(_, b)| b),
-            waiting: Vec::new(),
-            running: Vec::new(),
-            next_id: 0,
-            queued: Arc::new(AtomicUsize::new(0)),
-            stats: EngineStats::default(),
-            token_cost_s: None,
-            step_cost: StepCost::new(row_share),
-            draft_cost: DraftCost::new(draft_share.0, draft_share.1),
-            draft_s: 0.0,
-            epoch: std::time::Instant::now(),
-            mask_buffers: MaskBuffers::default(),
-            drafter,
-            mtp,
-            step_hidden: Vec::new(),
-            spec_states,
-            vision,
-        })
-    }
-
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
@@ -1045,200 +420,9 @@ impl EngineCore {
         &self.config
     }
 
-    /// Per-request limit on prompt plus output tokens.
-    pub fn max_context(&self) -> usize {
-        self.limits.max_context.min(self.limits.pool_tokens)
-    }
-
-    pub(crate) fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    pub(crate) fn queued(&self) -> Arc<AtomicUsize> {
-        self.queued.clone()
-    }
-
-    /// Whether the SSD tier still has writes whose completion the engine has not
-    /// taken in: an idle engine thread then calls [`Self::poll_background`] now and
-    /// then instead of sleeping until the next request.
-    pub fn background_pending(&self) -> bool {
-        self.ssd.as_ref().is_some_and(SsdTier::has_pending_writes)
-    }
-
-    /// Takes in finished SSD writes (without waiting), so the counters of an idle
-    /// engine come back to rest instead of showing the last writes pending forever.
-    pub fn poll_background(&mut self) {
-        if let Some(ssd) = self.ssd.as_mut() {
-            ssd.poll_writes();
-        }
-    }
-
     /// Whether any request is waiting, loading or running.
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty() || !self.loading.is_empty()
-    }
-
-    /// Current counters.
-    pub fn stats(&self) -> EngineStats {
-        let c = self.cache.stats();
-        let p = c.full;
-        EngineStats {
-            waiting: self.waiting.len(),
-            running: self.running.len(),
-            kv_pages_total: p.n_pages,
-            kv_pages_used: p.in_use,
-            kv_pages_cached: p.cached,
-            kv_pages_free: p.free,
-            page_tokens: self.cache.page_size(),
-            page_bytes: self.page_bytes,
-            sliding: c.sliding.unwrap_or_default(),
-            sliding_page_bytes: self.sliding_page_bytes,
-            recurrent: c.recurrent.unwrap_or_default(),
-            state_slot_bytes: self.state_slot_bytes,
-            prefix_query_tokens: p.query_tokens,
-            prefix_hit_tokens: p.hit_tokens + self.stats.prefix_copied_tokens,
-            evicted_pages: p.evicted_pages,
-            loading: self.loading.len(),
-            images_encoded_total: self.vision.as_ref().map_or(0, |v| v.encoder().encodes()),
-            image_encode_seconds_total: self
-                .vision
-                .as_ref()
-                .map_or(0.0, |v| v.encoder().encode_seconds()),
-            ssd: self.ssd.as_ref().map(SsdTier::stats).unwrap_or_default(),
-            ..self.stats
-        }
-    }
-
-    /// Every request the engine holds (waiting, loading, running) and its progress.
-    pub fn requests(&self) -> Vec<RequestProgress> {
-        let info = |s: &Live, phase| RequestProgress {
-            id: s.id,
-            phase,
-            prompt_tokens: s.n_prompt,
-            cached_tokens: s.usage.cached_tokens,
-            computed_tokens: s.n_computed,
-            generated_tokens: s.tokens.len() - s.n_prompt,
-            preemptions: s.usage.preemptions,
-        };
-        let mut out =
-            Vec::with_capacity(self.waiting.len() + self.loading.len() + self.running.len());
-        out.extend(self.running.iter().map(|s| info(s, RequestPhase::Running)));
-        out.extend(
-            self.loading
-                .iter()
-                .map(|l| info(&l.live, RequestPhase::Loading)),
-        );
-        out.extend(self.waiting.iter().map(|s| info(s, RequestPhase::Waiting)));
-        out
-    }
-
-    /// Checks the KV cache's invariants (tests and debugging).
-    pub fn check_invariants(&self) -> Result<(), String> {
-        self.cache.check_invariants()?;
-        for s in &self.running {
-            let n = self
-                .cache
-                .n_tokens(s.id)
-                .ok_or("running request without pages")?;
-            if n < s.n_computed {
-                return Err(format!(
-                    "request {}: {n} cells for {} tokens",
-                    s.id, s.n_computed
-                ));
-            }
-        }
-        if self.waiting.iter().any(|s| self.cache.contains(s.id)) {
-            return Err("a waiting request holds pages".into());
-        }
-        Ok(())
-    }
-
-    /// Queues a request; its events arrive on the returned stream as steps run.
-    pub fn submit(&mut self, r: Request) -> Result<RequestStream, SubmitError> {
-        self.limits.check(&r, self.waiting.len())?;
-        self.queued.fetch_add(1, Ordering::Relaxed);
-        Ok(self.enqueue(r))
-    }
-
-    /// Queues an already checked request under a new id.
-    fn enqueue(&mut self, r: Request) -> RequestStream {
-        self.next_id += 1;
-        let (ticket, stream) = RequestStream::open(self.next_id);
-        self.enqueue_ticket(r, ticket);
-        stream
-    }
-
-    /// Queues an already checked request whose stream the caller already holds.
-    pub(crate) fn enqueue_ticket(&mut self, r: Request, ticket: Ticket) {
-        let Ticket { id, tx, cancel } = ticket;
-        let n_prompt = r.prompt.len();
-        let room = self.max_context() - n_prompt;
-        let mut sampler = Sampler::new(r.sampling);
-        r.prompt.iter().for_each(|&t| sampler.accept(t));
-        let side = self.limits.image_token_side.unwrap_or(1);
-        let images = Images::new(r.images, side, self.limits.image_decoding);
-        let mut prompt = r.prompt;
-        images.key_prompt(&mut prompt);
-        let live = Live {
-            id,
-            rank: Rank {
-                arrival: id,
-                priority: r.priority,
-                arrived_us: self.epoch.elapsed().as_micros() as u64,
-            },
-            tokens: prompt,
-            n_computed: 0,
-            n_prompt,
-            max_tokens: r.max_tokens.min(room),
-            stop_eog: r.stop.eog,
-            stop_ids: r.stop.token_ids,
-            logprobs: r.logprobs,
-            top_logprobs: r.top_logprobs,
-            banned: r.banned_tokens,
-            deterministic: r.deterministic,
-            constraint: r.constraint,
-            mask: None,
-            sampler,
-            text: TextStream::new(self.tok.clone(), &r.stop.strings),
-            tx,
-            cancel,
-            usage: Usage {
-                prompt_tokens: n_prompt,
-                ..Usage::default()
-            },
-            admitted_before: false,
-            exact_cells: 0,
-            state_targets: Vec::new(),
-            tail_target: None,
-            answer_checkpoint: None,
-            spec: self
-                .config
-                .speculation
-                .filter(|_| {
-                    // Drafters read the tokens, which are cache keys at image cells.
-                    r.speculation
-                        && images.is_empty()
-                        && (self.recurrent_group().is_none() || self.spec_states.streams > 0)
-                })
-                .map(|c| Depth::new(c.k.clamp(1, MAX_DRAFT))),
-            draft: Vec::new(),
-            prediction: r.prediction,
-            images,
-        };
-        if r.max_tokens == 0 {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            let reason = if room == 0 {
-                FinishReason::ContextFull
-            } else {
-                FinishReason::Length
-            };
-            let _ = live.tx.send(Event::Finished(Finish {
-                reason,
-                usage: live.usage,
-            }));
-        } else {
-            self.waiting.push(live);
-        }
     }
 
     /// Runs steps until no request is left.
@@ -1359,188 +543,8 @@ impl EngineCore {
         Ok(true)
     }
 
-    /// On the CPU, an engine gone idle frees the step buffers its largest steps grew
-    /// ([`Executor::release_buffers`]) when they hold more than
-    /// [`IDLE_KEEP_STEP_BYTES`]: a long prompt's masks at depth would otherwise stay
-    /// resident beside the KV cache until the process ends (Gemma 3 after a 30K-token
-    /// prompt: ~31 MB of input arena). The next step allocates again (a few ms on the
-    /// CPU); on a GPU the buffers stay, where allocating them again costs more and
-    /// they are device memory.
-    fn release_step_buffers(&mut self) {
-        if self.exec.held_bytes() <= IDLE_KEEP_STEP_BYTES || self.model.device_memory().is_some() {
-            return;
-        }
-        if let Err(e) = self.exec.release_buffers() {
-            tracing::warn!(error = %e, "releasing idle step buffers failed");
-        }
-        self.discard_free_kv();
-    }
-
-    /// Returns the host memory of free KV pages to the OS (they read as zeros again,
-    /// as unwritten cells do). Host KV memory is committed page by page as tokens
-    /// are first written, but a page freed stays committed: after a long prompt
-    /// whose sliding-window pages were recycled, or cached pages evicted, an idle
-    /// engine would keep memory nothing holds (Gemma 3 after an 8K- then a 30K-token
-    /// prompt: 6.7 MB less resident when idle). Not while evicted pages wait to be copied to
-    /// the SSD tier (their cells still hold their KV).
-    fn discard_free_kv(&mut self) {
-        let ps = self.cache.page_size();
-        if self.cache.full().has_pending_evictions()
-            || self
-                .cache
-                .sliding()
-                .is_some_and(|s| s.has_pending_evictions())
-        {
-            return;
-        }
-        let mut per_group = vec![(0, self.cache.full().free_pages())];
-        if let Some(s) = self.cache.sliding() {
-            let g = self
-                .kv
-                .groups()
-                .iter()
-                .position(|g| matches!(g.kind, GroupKind::Sliding { .. }));
-            per_group.extend(g.map(|g| (g, s.free_pages())));
-        }
-        for (g, free) in per_group {
-            // Runs of consecutive free pages, one discard each.
-            let mut i = 0;
-            while i < free.len() {
-                let mut j = i + 1;
-                while j < free.len() && free[j] == free[j - 1] + 1 {
-                    j += 1;
-                }
-                self.kv
-                    .discard_cells(g, free[i] as usize * ps, (j - i) * ps);
-                i = j;
-            }
-        }
-    }
-
-    /// Recent compute cost per prompt token in microseconds (1 ms until measured),
-    /// for [`Policy::Shortest`].
-    fn cost_us(&self) -> f64 {
-        self.token_cost_s.map_or(1e3, |c| c * 1e6)
-    }
-
     fn running_index(&self, id: RequestId) -> Option<usize> {
         self.running.iter().position(|s| s.id == id)
-    }
-
-    /// Ends cancelled requests, waiting, loading or running.
-    fn reap_cancelled(&mut self) {
-        self.ssd_reap_cancelled();
-        let mut i = 0;
-        while i < self.waiting.len() {
-            if self.waiting[i].cancelled() {
-                let s = self.waiting.remove(i);
-                if !s.admitted_before {
-                    self.queued.fetch_sub(1, Ordering::Relaxed);
-                }
-                self.end(s, FinishReason::Cancelled);
-            } else {
-                i += 1;
-            }
-        }
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].cancelled() {
-                let s = self.running.remove(i);
-                self.end(s, FinishReason::Cancelled);
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    /// Sends the final event and releases the request's pages (its committed full
-    /// pages stay in the prefix cache, and so does the page where its prompt's exact
-    /// cells end, as a copy source for the next turn: see [`crate::partial_page`]).
-    /// Text still held back is dropped: the request ends without a token of its own
-    /// (cancelled, failed or out of memory).
-    fn end(&mut self, s: Live, reason: FinishReason) {
-        if let Some(d) = self.drafter.as_mut() {
-            d.free(s.id);
-        }
-        if let Some(m) = self.mtp.as_mut() {
-            m.free(s.id);
-        }
-        if self.cache.contains(s.id) {
-            let ps = self.cache.page_size();
-            // The exact cells are in this admission's pages once its prompt is computed
-            // (a resumed request recomputes them); a failed step's KV is not trusted.
-            let written = s.n_computed >= s.n_prompt && !matches!(reason, FinishReason::Error(_));
-            let held = self.cache.page_table(s.id).map_or(0, <[_]>::len);
-            let tail =
-                partial_page::exact_tail(s.exact_cells, ps).filter(|&(j, _)| written && j < held);
-            match tail {
-                Some((j, exact)) => {
-                    let tokens = &s.tokens[j * ps..j * ps + exact];
-                    // A page the answer filled is already cached as a whole page.
-                    self.cache
-                        .free_keeping_tail(s.id, j, tokens)
-                        .expect("allocated");
-                }
-                None => self.cache.free(s.id).expect("allocated"),
-            }
-        }
-        let _ = s.tx.send(Event::Finished(Finish {
-            reason,
-            usage: s.usage,
-        }));
-    }
-
-    /// Prompt tokens this step may compute: `step_tokens` (`solo_step_tokens` while
-    /// one request runs and the others wait only for its prefix:
-    /// `only_prefix_waiters`, from [`Self::admit`]), or while some request is
-    /// decoding, what fits the ITL target at the recent cost per token (see
-    /// [`itl_budget`]).
-    fn prompt_budget(&self, progress: &[Progress], only_prefix_waiters: bool) -> usize {
-        let solo = self.running.len() == 1 && only_prefix_waiters && self.loading.is_empty();
-        let full = if solo {
-            self.config.solo_step_tokens.max(self.config.step_tokens)
-        } else {
-            self.config.step_tokens
-        };
-        let decoding = progress.iter().filter(|p| p.decoding()).count();
-        let prompting = progress.iter().filter(|p| p.prompt_left() > 0).count();
-        match (self.config.itl_target, self.token_cost_s) {
-            (Some(target), Some(cost)) => {
-                itl_budget(full, target.as_secs_f64() / cost, decoding, prompting)
-            }
-            _ => full,
-        }
-    }
-
-    /// Plans the step ([`scheduler::plan`]) and carries out its preemptions: preempted
-    /// requests go back to waiting, those that can never fit end. Returns the work,
-    /// in batch order.
-    fn schedule(&mut self, only_prefix_waiters: bool) -> Vec<scheduler::Work> {
-        let progress: Vec<Progress> = self.running.iter().map(Live::progress).collect();
-        let budget = self.prompt_budget(&progress, only_prefix_waiters);
-        let plan = scheduler::plan(
-            &progress,
-            self.config.policy,
-            self.cost_us(),
-            budget,
-            !self.loading.is_empty(),
-            &mut self.cache,
-        );
-        for id in plan.preempted {
-            let i = self.running_index(id).expect("planned requests run");
-            let mut s = self.running.remove(i);
-            s.n_computed = 0;
-            s.usage.preemptions += 1;
-            self.stats.preemptions_total += 1;
-            tracing::debug!(id = s.id, "preempted");
-            self.waiting.push(s);
-        }
-        for id in plan.out_of_memory {
-            let i = self.running_index(id).expect("planned requests run");
-            let s = self.running.remove(i);
-            self.end(s, FinishReason::ContextFull);
-        }
-        plan.work
     }
 }
 

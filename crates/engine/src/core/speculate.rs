@@ -3,11 +3,39 @@
 //! [`crate::spec`]), and the drafts themselves, from the request's context, its
 //! predicted output, its grammar, or a drafting model (a draft model or the MTP
 //! head), proposed before the step is scheduled so they ride in it as rows.
+//!
+//! Also the scratch state slots a hybrid model's verifying requests write
+//! ([`SpecStates`]).
 
 use super::draft::{DraftJob, ModelDrafter};
 use super::{EngineCore, Live};
+#[cfg(doc)]
+use crate::recurrent::RecurrentStates;
 use crate::request::RequestId;
 use crate::spec::{plan_depths, propose_ngram, propose_predicted, DepthAsk, PlanCost, SpecMode};
+
+/// Scratch state slots of a hybrid model's speculative decoding: the recurrent
+/// group's slots `first..first + k * streams`, past those [`RecurrentStates`]
+/// manages. A step's `i`-th verifying request writes the state after each of its
+/// rows but the last into slots `first + i * k ..`; after sampling, a request that
+/// rejected drafts copies the state after its last valid row back into its own
+/// slot.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SpecStates {
+    pub(super) first: u32,
+    pub(super) k: usize,
+    /// Requests that may verify drafts in one step (0: no speculation).
+    pub(super) streams: usize,
+}
+
+impl SpecStates {
+    /// The scratch slot holding the state after row `row` (0-based) of the `i`-th
+    /// verifying request of a step.
+    pub(super) fn slot(&self, i: usize, row: usize) -> u32 {
+        debug_assert!(i < self.streams && row < self.k);
+        self.first + (i * self.k + row) as u32
+    }
+}
 
 impl EngineCore {
     /// Speculative decoding: draft tokens for each decoding request that speculates
