@@ -9,7 +9,8 @@
 # brings its own). The libggml-base built here is NOT used: the process already
 # has the carried one (same source), and the backend shares it by soname. The source
 # is patched first by pdl-ops.py (PDL limitable by op, off unless asked for) and
-# stream-priority.py (a backend may ask for high-priority streams).
+# stream-priority.py (a backend may ask for high-priority streams) and green-ctx.py (a
+# backend may run on a share of the SMs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dest=${1:-$root/.gpu-carry}
@@ -24,6 +25,9 @@ python3 "$root/scripts/gpu/pdl-ops.py" "$src"
 # Streams at high priority for a backend started with "stream_priority=high" (the
 # decode steps, so that an encoder's kernels on another stream do not hold them up).
 python3 "$root/scripts/gpu/stream-priority.py" "$src"
+# Streams on a share of the SMs (a green context) for a backend started with
+# "sm_share=P" (the vision encoder beside the decode steps on one GPU).
+python3 "$root/scripts/gpu/green-ctx.py" "$src"
 cmake -S "$src" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON \
     -DGGML_NATIVE=OFF -DGGML_CPU=OFF -DGGML_CUDA=ON -DGGML_CUDA_GRAPHS=ON \

@@ -111,7 +111,8 @@
 #           (variant llama). VISION32_SIZE (default 768x768), VISION32_WINDOW (s, default 15),
 #           VISION32_REPS (repetitions, alternating the variants' order; default 1),
 #           VISION32_VARIANTS (default "inline stream text cpu llama"; also stream-noprio: the
-#           decode steps' streams at the default priority), VISION32_PARITY=0
+#           decode steps' streams at the default priority; greenP: the encoder on P% of the
+#           SMs, --vision-sm-share P), VISION32_PARITY=0
 #           skips the tiny pair's GPU-vs-CPU answers
 #   vision32g  the tiny Gemma 4 pair (gemma4-tiny with Gemma 4's vocabulary and template from
 #           .gpu-carry/vocab, and its tiny gemma4v projector): greedy answers about 5 images
@@ -163,7 +164,7 @@ llama_server_ready() {
 # reuses .gpu-cache parts only when it matches (a library of older patches is rebuilt).
 lib_recipe() {
     { grep -A1 '^name = "llama-cpp-sys-2"' "$root/Cargo.lock"
-      cat "$root"/scripts/gpu/build-cuda.sh "$root"/scripts/gpu/pdl-ops.py "$root"/scripts/gpu/stream-priority.py
+      cat "$root"/scripts/gpu/build-cuda.sh "$root"/scripts/gpu/pdl-ops.py "$root"/scripts/gpu/stream-priority.py "$root"/scripts/gpu/green-ctx.py
     } | sha256sum | cut -d' ' -f1
 }
 
@@ -889,6 +890,8 @@ if has vision32; then
             # The decode steps' streams at the default priority (stream-priority.py).
             stream-noprio) vv+=(--variant "stream-noprio:GGML_CUDA_STREAM_PRIORITY=0 --vision-device same") ;;
             text) vv+=(--variant "text:--vision-device same") ;;
+            # The encoder on P% of the SMs (a green context, green-ctx.py): greenP.
+            green[0-9]*) vv+=(--variant "$v:--vision-device same --vision-sm-share ${v#green}") ;;
             cpu) vv+=(--variant "cpu:--vision-device cpu") ;;
             llama) if llama_server_ready; then
                        vv+=(--llama-server "$LLAMA_CPP_BIN_DIR" --variant "llama:--device CUDA0 -ngl 99 -fa on")

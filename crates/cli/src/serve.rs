@@ -135,6 +135,13 @@ pub struct ServeArgs {
     /// each encode. For measuring what the default saves.
     #[arg(long, requires = "mmproj")]
     pub vision_inline: bool,
+    /// Percent of the GPU's SMs the vision encoder may use when it runs on the
+    /// language model's GPU (a CUDA green context, with the library from
+    /// scripts/gpu/build-cuda.sh), so that decode steps keep the other SMs while an
+    /// image encodes; 100 lets it use every SM. Ignored on other devices.
+    #[arg(long, value_name = "PERCENT", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=100), requires = "mmproj")]
+    pub vision_sm_share: u32,
 }
 
 fn parse_bytes(s: &str) -> std::result::Result<usize, String> {
@@ -295,9 +302,19 @@ fn load_vision(
     tracing::info!(
         projector = p.hparams().projector.name(),
         device = %device.name(),
+        sm_share = a.vision_sm_share,
         "vision encoder"
     );
-    let enc = VisionEncoder::new(p, device, threads)
+    // A share of the SMs only where the encoder shares the model's GPU.
+    let params = if device.name() == model.device().name()
+        && device.kind() != tempo9_ggml::DeviceKind::Cpu
+        && a.vision_sm_share < 100
+    {
+        tempo9_ggml::sm_share_params(a.vision_sm_share)
+    } else {
+        String::new()
+    };
+    let enc = VisionEncoder::with_backend_params(p, device, threads, &params)
         .with_context(|| format!("loading the vision encoder of {}", path.display()))?;
     Ok(tempo9_engine::VisionModel(Arc::new(enc)))
 }

@@ -583,6 +583,17 @@ impl Drop for Buffer {
 /// kernels first when another backend's (an image encoder's) fill the GPU.
 pub const HIGH_PRIORITY_STREAMS: &str = "stream_priority=high";
 
+/// [`Backend::with_params`] string asking the CUDA library built by
+/// `scripts/gpu/build-cuda.sh` (feature `GREEN_CTX`) to run this backend's kernels
+/// on `percent`% of the GPU's SMs (a CUDA green context), so that an image
+/// encoder beside the decode steps leaves most SMs free for their small kernels:
+/// stream priorities alone only order the queue of blocks waiting for an SM.
+/// Other libraries, and this one where the driver cannot make such a context,
+/// run the backend on every SM.
+pub fn sm_share_params(percent: u32) -> String {
+    format!("sm_share={percent}")
+}
+
 /// A running backend (execution stream) on a device.
 pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,

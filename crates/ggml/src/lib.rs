@@ -17,8 +17,8 @@ mod kernels;
 mod quant;
 
 pub use backend::{
-    init_logging, load_backend, sched_stats, Backend, Buffer, BufferType, Device, DeviceKind,
-    HostBytes, SchedStats, Scheduler, HIGH_PRIORITY_STREAMS,
+    init_logging, load_backend, sched_stats, sm_share_params, Backend, Buffer, BufferType, Device,
+    DeviceKind, HostBytes, SchedStats, Scheduler, HIGH_PRIORITY_STREAMS,
 };
 pub use context::{Context, Graph, KeptGraph, Pod, RopeParams, Tensor, TensorStore};
 pub use gpu::DeviceChoice;

@@ -66,6 +66,17 @@ impl VisionEncoder {
     /// the file mapping, as llama.cpp's `clip` keeps them) with `threads` CPU
     /// threads for its graphs.
     pub fn new(projector: Projector, device: Device, threads: usize) -> Result<Self, ModelError> {
+        Self::with_backend_params(projector, device, threads, "")
+    }
+
+    /// [`Self::new`] with a parameter string for the device's backend library
+    /// (see [`tempo9_ggml::sm_share_params`]).
+    pub fn with_backend_params(
+        projector: Projector,
+        device: Device,
+        threads: usize,
+        params: &str,
+    ) -> Result<Self, ModelError> {
         let hp = projector.hparams().clone();
         let file = projector.file().clone();
         let n_pos_embd = file
@@ -90,7 +101,7 @@ impl VisionEncoder {
         let weights = Weights::load(&file, specs.specs(), device, false, &mut |_, _| {})?;
         let mut backends = Vec::new();
         if device.kind() != DeviceKind::Cpu {
-            backends.push(Backend::new(device)?);
+            backends.push(Backend::with_params(device, params)?);
         }
         let cpu = Backend::new(Device::cpu())?;
         cpu.set_threads(threads);
