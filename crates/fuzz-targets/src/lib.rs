@@ -211,6 +211,7 @@ fn merged(pieces: Vec<Piece>) -> Vec<Piece> {
         match (out.last_mut(), p) {
             (Some(Piece::Text(a)), Piece::Text(b)) => a.push_str(&b),
             (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
+            (Some(Piece::CallArgs(a)), Piece::CallArgs(b)) => a.push_str(&b),
             (_, p) => out.push(p),
         }
     }
@@ -218,9 +219,35 @@ fn merged(pieces: Vec<Piece>) -> Vec<Piece> {
     out
 }
 
+/// Checks the promise of a parser that streams calls: a `CallStart` is followed
+/// by its `CallArgs` and then its `Call`, with the same name and arguments that
+/// begin with the streamed text and are a JSON object.
+fn check_streamed_calls(pieces: &[Piece]) {
+    let mut open: Option<(&str, String)> = None;
+    for p in pieces {
+        match (p, &mut open) {
+            (Piece::CallStart(n), None) => open = Some((n, String::new())),
+            (Piece::CallArgs(a), Some((_, sent))) => sent.push_str(a),
+            (Piece::Call(c), Some((name, sent))) => {
+                assert_eq!(c.name, *name, "{pieces:?}");
+                assert!(c.arguments.starts_with(sent.as_str()), "{pieces:?}");
+                let v = serde_json::from_str::<Value>(&c.arguments);
+                assert!(v.is_ok_and(|v| v.is_object()), "{pieces:?}");
+                open = None;
+            }
+            (Piece::Call(_) | Piece::Text(_) | Piece::Reasoning(_), None) => {}
+            (p, o) => panic!("{p:?} with {o:?} open in {pieces:?}"),
+        }
+    }
+    assert!(open.is_none(), "unfinished call in {pieces:?}");
+}
+
 /// Model output through each family's streaming tool-call parser, whole and split
-/// at arbitrary points: the pieces must be the same. Byte 0 picks the format,
-/// byte 1 the split seed; the rest is the output.
+/// at arbitrary points: the pieces must be the same, with calls whole and with
+/// calls streamed ([`tempo9_server::tools::ToolParser::stream_calls`]); streamed
+/// calls must keep the parser's promise, and a parser that streamed no call
+/// must give what it gives with calls whole. Byte 0 picks the format, byte 1
+/// the split seed; the rest is the output.
 pub fn tool_parsers(data: &[u8]) {
     if data.len() < 2 {
         return;
@@ -241,8 +268,11 @@ pub fn tool_parsers(data: &[u8]) {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"},
             "days": {"type": "integer"}}}}}),
     ];
-    let run = |chunks: &[&str]| {
+    let run = |chunks: &[&str], stream: bool| {
         let mut p = format.parser(&tools, true);
+        if stream {
+            p.stream_calls();
+        }
         let mut out = Vec::new();
         for c in chunks {
             p.push(c, &mut out);
@@ -251,7 +281,7 @@ pub fn tool_parsers(data: &[u8]) {
         p.finish(&mut out);
         merged(out)
     };
-    let whole = run(&[&text]);
+    let whole = run(&[&text], false);
     // Split points on char boundaries, from a small generator seeded by byte 1.
     let mut seed = data[1] as u64 | 0x100;
     let mut chunks = Vec::new();
@@ -267,11 +297,21 @@ pub fn tool_parsers(data: &[u8]) {
         chunks.push(&text[at..end]);
         at = end;
     }
-    let split = run(&chunks);
+    let split = run(&chunks, false);
     assert_eq!(
         whole, split,
         "{format:?} parsed {text:?} differently in chunks {chunks:?}"
     );
+    let streamed = run(&[&text], true);
+    check_streamed_calls(&streamed);
+    let split = run(&chunks, true);
+    assert_eq!(
+        streamed, split,
+        "{format:?} streamed {text:?} differently in chunks {chunks:?}"
+    );
+    if !streamed.iter().any(|p| matches!(p, Piece::CallStart(_))) {
+        assert_eq!(whole, streamed, "{format:?} streamed {text:?}");
+    }
 }
 
 /// A JSON schema (or an OpenAI `response_format`, an Ollama `format`, a regex or a

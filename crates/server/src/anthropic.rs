@@ -486,13 +486,18 @@ pub async fn messages(
                 match e {
                     GenEvent::Text(t) => blocks.delta(Block::Text, &t, &mut events_out),
                     GenEvent::Reasoning(t) => blocks.delta(Block::Thinking, &t, &mut events_out),
-                    GenEvent::ToolCall { index: ci, call } => {
+                    GenEvent::ToolCall {
+                        index: ci, call, ..
+                    } => {
                         if !parallel && ci > 0 {
                             continue;
                         }
                         blocks.call(&call, &mut events_out);
                     }
-                    GenEvent::Logprobs(_) => {}
+                    // Not asked for yet: calls come whole.
+                    GenEvent::ToolCallStart { .. }
+                    | GenEvent::ToolCallDelta { .. }
+                    | GenEvent::Logprobs(_) => {}
                     GenEvent::Done { stop, usage, .. } => {
                         blocks.close(&mut events_out);
                         if let Stop::Error(msg) = &stop {

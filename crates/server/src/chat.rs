@@ -721,7 +721,7 @@ impl AppState {
             received,
             last_token: None,
             prompt_tokens,
-            calls: 0,
+            calls: Calls::default(),
             done: false,
             want_logprobs: p.params.logprobs,
             reasoning_tokens: 0,
@@ -814,6 +814,30 @@ pub enum GenEvent {
         index: usize,
         /// The call.
         call: ToolCall,
+        /// `Some(n)`: the call was streamed ([`Generation::stream_calls`]): its
+        /// [`GenEvent::ToolCallStart`] and the first `n` bytes of its arguments
+        /// ([`GenEvent::ToolCallDelta`]) came before, and a streaming adapter
+        /// sends only the rest. `None`: nothing of it came before.
+        streamed: Option<usize>,
+    },
+    /// A tool call began, its name known (only after
+    /// [`Generation::stream_calls`], with a parser that streams calls). Its
+    /// arguments follow as [`GenEvent::ToolCallDelta`]s, and the call ends with
+    /// its [`GenEvent::ToolCall`] (same index and name), before any other text,
+    /// reasoning or call.
+    ToolCallStart {
+        /// Position among this response's calls.
+        index: usize,
+        /// The function name.
+        name: String,
+    },
+    /// More of a started call's arguments: with the deltas before it, the
+    /// beginning of the [`GenEvent::ToolCall`]'s `arguments` text.
+    ToolCallDelta {
+        /// Position among this response's calls.
+        index: usize,
+        /// The next piece of the arguments' JSON text.
+        arguments: String,
     },
     /// Log-probabilities of generated tokens.
     Logprobs(Vec<TokenLogprob>),
@@ -828,6 +852,91 @@ pub enum GenEvent {
     },
 }
 
+/// Turns a parser's pieces into events: numbers the calls and holds a
+/// streamed call to the parser's promise (see [`Piece`]).
+#[derive(Debug, Default)]
+struct Calls {
+    /// Calls so far.
+    count: usize,
+    /// The call being streamed: its name and the arguments sent so far (boxed:
+    /// a generation stays small while no call streams).
+    open: Option<Box<(String, String)>>,
+}
+
+impl Calls {
+    /// Appends the events of `pieces`.
+    fn convert(&mut self, pieces: Vec<Piece>, out: &mut Vec<GenEvent>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => {
+                    self.end_open(out);
+                    out.push(GenEvent::Text(t));
+                }
+                Piece::Reasoning(t) => {
+                    self.end_open(out);
+                    out.push(GenEvent::Reasoning(t));
+                }
+                Piece::CallStart(name) => {
+                    self.end_open(out);
+                    out.push(GenEvent::ToolCallStart {
+                        index: self.count,
+                        name: name.clone(),
+                    });
+                    self.open = Some(Box::new((name, String::new())));
+                }
+                Piece::CallArgs(t) => match self.open.as_deref_mut() {
+                    Some((_, sent)) => {
+                        sent.push_str(&t);
+                        out.push(GenEvent::ToolCallDelta {
+                            index: self.count,
+                            arguments: t,
+                        });
+                    }
+                    None => tracing::error!("tool-call arguments streamed before the call started"),
+                },
+                Piece::Call(mut call) => {
+                    let streamed = self.open.take().map(|open| {
+                        let (name, sent) = *open;
+                        if call.name != name || !call.arguments.starts_with(&sent) {
+                            // The parser broke its promise: the streamed call stands.
+                            tracing::error!("a streamed tool call ended as another call");
+                            call = ToolCall {
+                                name,
+                                arguments: crate::tools::close_json(&sent),
+                            };
+                        }
+                        sent.len()
+                    });
+                    out.push(GenEvent::ToolCall {
+                        index: self.count,
+                        call,
+                        streamed,
+                    });
+                    self.count += 1;
+                }
+            }
+        }
+    }
+
+    /// Ends a started call whose parser did not end it (it must): as streamed,
+    /// closed into a JSON object.
+    fn end_open(&mut self, out: &mut Vec<GenEvent>) {
+        if let Some(open) = self.open.take() {
+            let (name, sent) = *open;
+            tracing::error!("a streamed tool call was not finished by its parser");
+            out.push(GenEvent::ToolCall {
+                index: self.count,
+                call: ToolCall {
+                    name,
+                    arguments: crate::tools::close_json(&sent),
+                },
+                streamed: Some(sent.len()),
+            });
+            self.count += 1;
+        }
+    }
+}
+
 /// A running generation: pulls engine events and parses them.
 pub struct Generation {
     state: Arc<AppState>,
@@ -837,7 +946,7 @@ pub struct Generation {
     received: Instant,
     last_token: Option<Instant>,
     prompt_tokens: usize,
-    calls: usize,
+    calls: Calls,
     done: bool,
     want_logprobs: bool,
     /// Tokens generated inside reasoning so far.
@@ -857,20 +966,13 @@ impl Generation {
         self.prompt_tokens
     }
 
-    fn convert(&mut self, pieces: Vec<Piece>, out: &mut Vec<GenEvent>) {
-        for p in pieces {
-            match p {
-                Piece::Text(t) => out.push(GenEvent::Text(t)),
-                Piece::Reasoning(t) => out.push(GenEvent::Reasoning(t)),
-                Piece::Call(call) => {
-                    out.push(GenEvent::ToolCall {
-                        index: self.calls,
-                        call,
-                    });
-                    self.calls += 1;
-                }
-            }
-        }
+    /// Asks for tool calls while they are written (streaming responses): from
+    /// now on a call may come as [`GenEvent::ToolCallStart`] and
+    /// [`GenEvent::ToolCallDelta`]s before its [`GenEvent::ToolCall`]. Only
+    /// parsers that stream calls do (the Hermes JSON form); with the others,
+    /// and without this, every call comes whole.
+    pub fn stream_calls(&mut self) {
+        self.parser.stream_calls();
     }
 
     /// The next batch of events (possibly empty); `None` after [`GenEvent::Done`].
@@ -880,7 +982,7 @@ impl Generation {
         }
         let mut out = Vec::new();
         let pending = std::mem::take(&mut self.pending);
-        self.convert(pending, &mut out);
+        self.calls.convert(pending, &mut out);
         let event = self.stream.recv().await;
         let tok = self.state.engine.tokenizer().clone();
         match event {
@@ -911,7 +1013,7 @@ impl Generation {
                 }
                 let mut pieces = Vec::new();
                 self.parser.push(&text, &mut pieces);
-                self.convert(pieces, &mut out);
+                self.calls.convert(pieces, &mut out);
                 if self.want_logprobs {
                     if let Some(lp) = t.logprob {
                         let piece = |id: u32| {
@@ -939,7 +1041,8 @@ impl Generation {
             Some(Event::Finished(f)) => {
                 let mut pieces = Vec::new();
                 self.parser.finish(&mut pieces);
-                self.convert(pieces, &mut out);
+                self.calls.convert(pieces, &mut out);
+                self.calls.end_open(&mut out);
                 let stop = match f.reason {
                     FinishReason::Length | FinishReason::ContextFull => Stop::Length,
                     FinishReason::StopString(s) => Stop::StopString(s),
@@ -955,7 +1058,7 @@ impl Generation {
                 };
                 // Calls end the turn unless the budget cut the output.
                 let stop = match stop {
-                    Stop::EndTurn | Stop::StopString(_) if self.calls > 0 => Stop::ToolCalls,
+                    Stop::EndTurn | Stop::StopString(_) if self.calls.count > 0 => Stop::ToolCalls,
                     s => s,
                 };
                 let reason = match &stop {
@@ -982,6 +1085,7 @@ impl Generation {
             }
             None => {
                 self.done = true;
+                self.calls.end_open(&mut out);
                 out.push(GenEvent::Done {
                     stop: Stop::Error("the engine dropped the request".into()),
                     usage: Usage {
@@ -1033,6 +1137,7 @@ impl Collected {
             GenEvent::Text(t) => self.text.push_str(&t),
             GenEvent::Reasoning(t) => self.reasoning.push_str(&t),
             GenEvent::ToolCall { call, .. } => self.calls.push(call),
+            GenEvent::ToolCallStart { .. } | GenEvent::ToolCallDelta { .. } => {}
             GenEvent::Logprobs(l) => self.logprobs.extend(l),
             GenEvent::Done {
                 stop,
@@ -1122,6 +1227,103 @@ mod tests {
         assert!(grammar_format(ToolFormat::QwenXml).is_some());
         assert!(grammar_format(ToolFormat::Gemma4).is_some());
         assert!(grammar_format(ToolFormat::None).is_none());
+    }
+
+    fn tool_call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    /// The events' debug form, for comparing.
+    fn shown(events: &[GenEvent]) -> Vec<String> {
+        events.iter().map(|e| format!("{e:?}")).collect()
+    }
+
+    #[test]
+    fn streamed_calls_become_start_delta_and_call_events() {
+        let mut calls = Calls::default();
+        let mut out = Vec::new();
+        calls.convert(
+            vec![
+                Piece::Text("Sure.".into()),
+                Piece::CallStart("f".into()),
+                Piece::CallArgs("{\"a\":".into()),
+                Piece::CallArgs("1".into()),
+                Piece::Call(tool_call("f", "{\"a\":1}")),
+                Piece::Call(tool_call("g", "{}")),
+            ],
+            &mut out,
+        );
+        let expected = vec![
+            GenEvent::Text("Sure.".into()),
+            GenEvent::ToolCallStart {
+                index: 0,
+                name: "f".into(),
+            },
+            GenEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{\"a\":".into(),
+            },
+            GenEvent::ToolCallDelta {
+                index: 0,
+                arguments: "1".into(),
+            },
+            GenEvent::ToolCall {
+                index: 0,
+                call: tool_call("f", "{\"a\":1}"),
+                streamed: Some(6),
+            },
+            GenEvent::ToolCall {
+                index: 1,
+                call: tool_call("g", "{}"),
+                streamed: None,
+            },
+        ];
+        assert_eq!(shown(&out), shown(&expected));
+        assert_eq!(calls.count, 2);
+    }
+
+    #[test]
+    fn a_broken_streaming_promise_keeps_the_streamed_call() {
+        // A call that is not the streamed one, text before the call's end, the
+        // output's end with a call open, arguments without a start: the streamed
+        // call ends closed as sent, nothing panics.
+        for pieces in [
+            vec![
+                Piece::CallStart("f".into()),
+                Piece::CallArgs("{\"a\":[\"x".into()),
+                Piece::Call(tool_call("f", "{\"b\":2}")),
+            ],
+            vec![
+                Piece::CallStart("f".into()),
+                Piece::CallArgs("{\"a\":[\"x".into()),
+                Piece::Text("oops".into()),
+            ],
+            vec![
+                Piece::CallArgs("{}".into()),
+                Piece::CallStart("f".into()),
+                Piece::CallArgs("{\"a\":[\"x".into()),
+            ],
+        ] {
+            let mut calls = Calls::default();
+            let mut out = Vec::new();
+            calls.convert(pieces, &mut out);
+            calls.end_open(&mut out);
+            let ended = out.iter().find_map(|e| match e {
+                GenEvent::ToolCall {
+                    index: 0,
+                    call,
+                    streamed: Some(n),
+                } => Some((call.clone(), *n)),
+                _ => None,
+            });
+            let (call, n) = ended.expect("the streamed call ends");
+            assert_eq!(call, tool_call("f", "{\"a\":[\"x\"]}"));
+            assert_eq!(&call.arguments[..n], "{\"a\":[\"x");
+            assert_eq!(calls.count, 1);
+        }
     }
 
     #[test]

@@ -295,10 +295,13 @@ async fn run(
                 let p = match e {
                     GenEvent::Text(t) => piece(&t, "", vec![]),
                     GenEvent::Reasoning(t) => piece("", &t, vec![]),
-                    GenEvent::ToolCall { index, call } => {
+                    GenEvent::ToolCall { index, call, .. } => {
                         piece("", "", vec![ollama_call(&call, index)])
                     }
-                    GenEvent::Logprobs(_) => continue,
+                    // Ollama's API sends calls whole (calls are not streamed here).
+                    GenEvent::ToolCallStart { .. }
+                    | GenEvent::ToolCallDelta { .. }
+                    | GenEvent::Logprobs(_) => continue,
                     GenEvent::Done { stop, usage, .. } => {
                         if let Stop::Error(msg) = &stop {
                             let _ = tx.send(line(&json!({"error": msg}))).await;

@@ -502,7 +502,7 @@ pub async fn chat_completions(
                     GenEvent::Reasoning(t) => {
                         chunk(json!({"reasoning_content": t}), Value::Null, None)
                     }
-                    GenEvent::ToolCall { index, call } => {
+                    GenEvent::ToolCall { index, call, .. } => {
                         if !parallel && index > 0 {
                             continue;
                         }
@@ -513,6 +513,8 @@ pub async fn chat_completions(
                             None,
                         )
                     }
+                    // Not asked for yet: calls come whole.
+                    GenEvent::ToolCallStart { .. } | GenEvent::ToolCallDelta { .. } => continue,
                     GenEvent::Logprobs(l) => chunk(
                         json!({}),
                         Value::Null,

@@ -215,12 +215,14 @@ fn call_json(index: usize, call: &ToolCall) -> Value {
 /// "arguments"}` (arguments: JSON text), `{"type": "done", "stop", "detail",
 /// "usage": {"prompt_tokens", "cached_tokens", "completion_tokens",
 /// "reasoning_tokens"}}`. `None` for events those bindings do not carry
-/// (log-probabilities, never asked for by them).
+/// (log-probabilities and streamed tool-call pieces, never asked for by them).
 pub fn event_json(e: &Event) -> Option<Value> {
     Some(match e {
         GenEvent::Text(t) => json!({"type": "text", "text": t}),
         GenEvent::Reasoning(t) => json!({"type": "reasoning", "text": t}),
-        GenEvent::ToolCall { index, call } => call_json(*index, call),
+        GenEvent::ToolCall { index, call, .. } => call_json(*index, call),
+        // Calls come whole here: the SDK never asks for them streamed.
+        GenEvent::ToolCallStart { .. } | GenEvent::ToolCallDelta { .. } => return None,
         GenEvent::Logprobs(_) => return None,
         GenEvent::Done {
             stop,

@@ -501,7 +501,7 @@ pub async fn create(
                             ));
                         }
                     }
-                    GenEvent::ToolCall { index, call } => {
+                    GenEvent::ToolCall { index, call, .. } => {
                         if !parallel && index > 0 {
                             continue;
                         }
@@ -545,7 +545,10 @@ pub async fn create(
                         ));
                         output.push(item);
                     }
-                    GenEvent::Logprobs(_) => {}
+                    // Not asked for yet: calls come whole.
+                    GenEvent::ToolCallStart { .. }
+                    | GenEvent::ToolCallDelta { .. }
+                    | GenEvent::Logprobs(_) => {}
                     GenEvent::Done {
                         stop,
                         usage,

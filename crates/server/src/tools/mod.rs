@@ -5,6 +5,11 @@
 //! Text that might be the start of tool-call markup is held back until it is
 //! known not to be, so partial markup never reaches a client. Markup that does
 //! not parse comes back as text, unchanged.
+//!
+//! A parser asked to [`ToolParser::stream_calls`] may also stream a call while
+//! it is written ([`Piece::CallStart`], [`Piece::CallArgs`]); the Hermes JSON
+//! form of [`QwenParser`] does (see `stream.rs`), the others keep their calls
+//! whole.
 
 mod fit;
 mod gemma4;
@@ -12,6 +17,7 @@ mod harmony;
 mod llama3;
 mod mistral;
 mod qwen;
+mod stream;
 pub mod think;
 
 use serde_json::Value;
@@ -21,6 +27,7 @@ pub use harmony::HarmonyParser;
 pub use llama3::Llama3Parser;
 pub use mistral::MistralParser;
 pub use qwen::QwenParser;
+pub(crate) use stream::close_json;
 pub use think::ThinkParser;
 
 /// How a model family writes tool calls.
@@ -158,8 +165,17 @@ pub enum Piece {
     Text(String),
     /// Reasoning ("thinking") text.
     Reasoning(String),
-    /// A complete tool call.
+    /// A complete tool call. After a [`Piece::CallStart`] it is that call: the
+    /// same name, and arguments that begin with the text of every
+    /// [`Piece::CallArgs`] since.
     Call(ToolCall),
+    /// A tool call began (only from a parser asked to
+    /// [`ToolParser::stream_calls`]): its name. Its arguments follow as
+    /// [`Piece::CallArgs`], and its [`Piece::Call`] comes before any other piece.
+    CallStart(String),
+    /// More of the started call's arguments: JSON text that, with what came
+    /// before, is the beginning of its final arguments.
+    CallArgs(String),
 }
 
 /// A streaming tool-call parser.
@@ -172,6 +188,14 @@ pub trait ToolParser: Send {
     /// Whether the output is inside reasoning now (the next delta's tokens
     /// count as reasoning tokens).
     fn in_reasoning(&self) -> bool {
+        false
+    }
+    /// Asks the parser to stream calls while they are written: from now on
+    /// `push` and `finish` may put a [`Piece::CallStart`] and
+    /// [`Piece::CallArgs`] before a call's [`Piece::Call`] (see [`Piece`] for
+    /// the order). Returns whether this parser streams calls; the default
+    /// keeps them whole and returns false.
+    fn stream_calls(&mut self) -> bool {
         false
     }
 }
@@ -313,13 +337,18 @@ pub(crate) fn arguments_text(args: Value) -> Option<String> {
 pub(crate) mod testutil {
     use super::*;
 
-    /// Merges adjacent text/reasoning pieces (streaming splits them arbitrarily).
+    /// Merges adjacent text, reasoning and call-argument pieces (streaming splits
+    /// them arbitrarily).
     pub fn merged(pieces: Vec<Piece>) -> Vec<Piece> {
         let mut out = Vec::new();
         for p in pieces {
             match p {
                 Piece::Text(t) => push_text(&mut out, &t),
                 Piece::Reasoning(t) => push_reasoning(&mut out, &t),
+                Piece::CallArgs(t) => match out.last_mut() {
+                    Some(Piece::CallArgs(a)) => a.push_str(&t),
+                    _ => out.push(Piece::CallArgs(t)),
+                },
                 c => out.push(c),
             }
         }
@@ -355,6 +384,75 @@ pub(crate) mod testutil {
         p.finish(&mut out);
         assert_eq!(merged(out), whole, "char by char: {text:?}");
         whole
+    }
+
+    /// [`parse_all_splits`] with calls streamed ([`ToolParser::stream_calls`]):
+    /// every split must give the same merged pieces, and they must keep the
+    /// streaming contract: a `CallStart` is followed by its `CallArgs` and then
+    /// its `Call`, with the same name and arguments that begin with the streamed
+    /// text and are a JSON object.
+    pub fn parse_all_splits_streaming(
+        make: &dyn Fn() -> Box<dyn ToolParser>,
+        text: &str,
+    ) -> Vec<Piece> {
+        let streaming = || {
+            let mut p = make();
+            p.stream_calls();
+            p
+        };
+        let out = parse_all_splits(&streaming, text);
+        check_stream_contract(&out);
+        out
+    }
+
+    /// Panics unless `pieces` keep the streaming contract (see
+    /// [`parse_all_splits_streaming`]).
+    pub fn check_stream_contract(pieces: &[Piece]) {
+        let mut open: Option<(String, String)> = None;
+        for p in pieces {
+            match (p, &mut open) {
+                (Piece::CallStart(n), None) => open = Some((n.clone(), String::new())),
+                (Piece::CallArgs(a), Some((_, sent))) => sent.push_str(a),
+                (Piece::Call(c), Some((name, sent))) => {
+                    assert_eq!(&c.name, name, "{pieces:?}");
+                    assert!(c.arguments.starts_with(sent.as_str()), "{pieces:?}");
+                    let v: Value = serde_json::from_str(&c.arguments).expect("JSON arguments");
+                    assert!(v.is_object(), "{pieces:?}");
+                    open = None;
+                }
+                (Piece::Call(_) | Piece::Text(_) | Piece::Reasoning(_), None) => {}
+                (p, o) => panic!("{p:?} with {o:?} open in {pieces:?}"),
+            }
+        }
+        assert!(open.is_none(), "unfinished call in {pieces:?}");
+    }
+
+    /// The pieces without the streaming ones: what a client gets whole.
+    pub fn whole(pieces: &[Piece]) -> Vec<Piece> {
+        merged(
+            pieces
+                .iter()
+                .filter(|p| !matches!(p, Piece::CallStart(_) | Piece::CallArgs(_)))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// The (name, streamed arguments) of each streamed call.
+    pub fn streamed(pieces: &[Piece]) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::CallStart(n) => out.push((n.clone(), String::new())),
+                Piece::CallArgs(a) => {
+                    if let Some((_, s)) = out.last_mut() {
+                        s.push_str(a);
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
     }
 
     pub fn call(name: &str, args: &str) -> Piece {

@@ -7,10 +7,15 @@
 //! output (or right after another call) that is taken as a call too when it
 //! names one of the offered tools and its arguments fit that tool's parameters
 //! (see [`super::fit`]).
+//!
+//! Asked to stream calls, it streams a Hermes JSON call inside `<tool_call>`
+//! while it is written ([`JsonCallStream`]); XML calls, bare and fenced JSON
+//! calls stay whole.
 
 use serde_json::{Map, Value};
 
 use super::fit::call_fits;
+use super::stream::JsonCallStream;
 use super::{call_from_json, json_end, push_text, safe_len, Piece, ToolCall, ToolParser};
 
 const OPEN: &str = "<tool_call>";
@@ -45,6 +50,12 @@ pub struct QwenParser {
     calls: usize,
     /// Each offered tool's `parameters` schema, by function name.
     schemas: Vec<(String, Value)>,
+    /// Calls are streamed while written ([`ToolParser::stream_calls`]).
+    streaming: bool,
+    /// The current `<tool_call>` body as streamed so far.
+    call_stream: JsonCallStream,
+    /// How much of `buf` (the body, in [`State::Call`]) `call_stream` has seen.
+    scanned: usize,
 }
 
 impl QwenParser {
@@ -66,6 +77,9 @@ impl QwenParser {
             bare_function: false,
             calls: 0,
             schemas,
+            streaming: false,
+            call_stream: JsonCallStream::default(),
+            scanned: 0,
         }
     }
 
@@ -183,9 +197,24 @@ impl QwenParser {
         (!calls.is_empty()).then_some(calls)
     }
 
-    /// Ends the current call with `body`; malformed markup becomes text.
+    /// Ends the current call with `body`; malformed markup becomes text, unless
+    /// the call was started while streaming: it then ends as
+    /// [`JsonCallStream::end`] says.
     fn close_call(&mut self, body: &str, closed: bool, out: &mut Vec<Piece>) {
-        match self.parse_body(body) {
+        let parsed = self.parse_body(body);
+        let mut stream = std::mem::take(&mut self.call_stream);
+        self.scanned = 0;
+        if stream.started() {
+            let one = parsed.and_then(|mut calls| match calls.len() {
+                1 => calls.pop(),
+                _ => None,
+            });
+            if let Some(c) = stream.end(one) {
+                self.emit_call(c, out);
+            }
+            return;
+        }
+        match parsed {
             Some(calls) => calls.into_iter().for_each(|c| self.emit_call(c, out)),
             None => {
                 let open = if self.bare_function { "" } else { OPEN };
@@ -203,6 +232,15 @@ impl QwenParser {
 }
 
 const FENCE: &str = "```";
+
+/// The length of the longest end of `buf` that is a proper beginning of
+/// `marker` (ASCII).
+fn partial_tail(buf: &str, marker: &str) -> usize {
+    (1..marker.len().min(buf.len() + 1))
+        .rev()
+        .find(|&k| buf.as_bytes().ends_with(&marker.as_bytes()[..k]))
+        .unwrap_or(0)
+}
 
 /// Where the JSON object inside a Markdown code block starting `s` begins:
 /// `` ```json\n{ `` or `` ```\n{ `` → `Some(Some(offset of '{'))`; not such a
@@ -255,6 +293,11 @@ fn xml_value(raw: &str, ty: Option<&str>) -> Value {
 }
 
 impl ToolParser for QwenParser {
+    fn stream_calls(&mut self) -> bool {
+        self.streaming = true;
+        true
+    }
+
     fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
         self.buf.push_str(text);
         loop {
@@ -332,6 +375,8 @@ impl ToolParser for QwenParser {
                             let skip = if self.bare_function { 0 } else { OPEN.len() };
                             self.buf.drain(..pos + skip);
                             self.state = State::Call;
+                            self.call_stream = JsonCallStream::default();
+                            self.scanned = 0;
                         }
                         None => {
                             let n = safe_len(&self.buf, &markers);
@@ -357,7 +402,20 @@ impl ToolParser for QwenParser {
                     } else {
                         CLOSE
                     };
-                    let Some(pos) = self.buf.find(close) else {
+                    let found = self.buf.find(close);
+                    if self.streaming && !self.bare_function {
+                        // Up to the closing tag, or to what may begin it.
+                        let end = found.unwrap_or(self.buf.len() - partial_tail(&self.buf, close));
+                        if let Some(t) = self.buf.get(self.scanned..end) {
+                            self.call_stream.feed(t, out);
+                            self.scanned = end;
+                        }
+                        if self.call_stream.started() {
+                            // As `emit_call` does: whitespace before a call is layout.
+                            self.pending_ws.clear();
+                        }
+                    }
+                    let Some(pos) = found else {
                         return;
                     };
                     let mut body = self.buf[..pos].to_string();
@@ -419,18 +477,59 @@ impl ToolParser for QwenParser {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, parse_all_splits, text};
+    use super::super::testutil::{
+        call, check_stream_contract, parse_all_splits, parse_all_splits_streaming, streamed, text,
+        whole,
+    };
+    use super::super::ToolFormat;
     use super::*;
     use serde_json::json;
 
-    fn run(t: &str) -> Vec<Piece> {
-        let tools = vec![
+    fn tools() -> Vec<Value> {
+        vec![
             json!({"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {
                 "city": {"type": "string"}, "days": {"type": "integer"}},
                 "required": ["city"]}}}),
-        ];
+        ]
+    }
+
+    fn run(t: &str) -> Vec<Piece> {
+        let tools = tools();
         parse_all_splits(&|| Box::new(QwenParser::new(&tools)), t)
+    }
+
+    /// `t` parsed with calls streamed, at every split.
+    fn run_streaming(t: &str) -> Vec<Piece> {
+        let tools = tools();
+        parse_all_splits_streaming(&|| Box::new(QwenParser::new(&tools)), t)
+    }
+
+    fn calls(pieces: &[Piece]) -> Vec<ToolCall> {
+        pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Call(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Streams `t` one char at a time and returns, after each push, how much
+    /// of the first call's arguments had gone out (None before its start).
+    fn progress(t: &str) -> Vec<Option<String>> {
+        let mut p = QwenParser::new(&tools());
+        assert!(p.stream_calls());
+        let mut out = Vec::new();
+        let mut seen = Vec::new();
+        let mut b = [0u8; 4];
+        for c in t.chars() {
+            p.push(c.encode_utf8(&mut b), &mut out);
+            seen.push(streamed(&out).first().map(|(_, a)| a.clone()));
+        }
+        p.finish(&mut out);
+        check_stream_contract(&out);
+        seen
     }
 
     #[test]
@@ -562,5 +661,182 @@ mod tests {
     fn trailing_text_after_call_is_kept() {
         let out = run("<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\nDone.");
         assert_eq!(out, vec![call("a", "{}"), text("Done.")]);
+    }
+
+    #[test]
+    fn streamed_calls_are_the_whole_calls() {
+        let file = "fn main() {\n    let s = \"a \\\\ b\";\n\tprintln!(\"{s} é 😀\");\n}\n";
+        let file_json = serde_json::to_string(file).unwrap();
+        for t in [
+            // One call, as Qwen2.5 writes it.
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>".to_string(),
+            // A long string argument with escapes (a whole file).
+            format!("<tool_call>\n{{\"name\": \"write_file\", \"arguments\": {{\"path\": \"src/main.rs\", \"content\": {file_json}}}}}\n</tool_call>"),
+            // Nested objects and arrays, numbers and literals, odd spacing.
+            "<tool_call>\n{ \"name\" : \"edit\" ,\n  \"arguments\" : {\"ops\": [{\"at\": [1, 2], \"del\": true}, {\"ins\": null, \"n\": -3.5e2}], \"meta\": {\"a\": {}}} }\n</tool_call>".to_string(),
+            // Text, then two calls.
+            "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"B\", \"days\": 2}}\n</tool_call>".to_string(),
+            // `arguments` before `name`: whole, nothing streamed.
+            "<tool_call>\n{\"arguments\": {\"city\": \"Rome\"}, \"name\": \"get_weather\"}\n</tool_call>".to_string(),
+            // XML, bare and fenced JSON calls stay whole.
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>".to_string(),
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}".to_string(),
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"C\"}}\n```".to_string(),
+            // Malformed before the name is complete: text, nothing streamed.
+            "ok <tool_call>\n{\"name\": \"get_w".to_string(),
+            "<tool_call>\n{\"name\": get_weather, \"arguments\": {}}\n</tool_call>".to_string(),
+            // Unterminated but complete.
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}".to_string(),
+            "Done.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\nMore text.".to_string(),
+        ] {
+            let plain = run(&t);
+            let pieces = run_streaming(&t);
+            // The client gets the same text and calls...
+            assert_eq!(whole(&pieces), plain, "{t:?}");
+            // ...and every streamed call's deltas are its whole arguments (the
+            // arguments object closed before the closing tag).
+            let finals = calls(&pieces);
+            for (name, args) in streamed(&pieces) {
+                let c = finals.iter().find(|c| c.name == name && c.arguments == args);
+                assert!(c.is_some(), "{name} {args} in {t:?}");
+            }
+        }
+        let n_streamed = |t: &str| streamed(&run_streaming(t)).len();
+        assert_eq!(n_streamed("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"B\", \"days\": 2}}\n</tool_call>"), 2);
+        assert_eq!(n_streamed("<tool_call>\n{\"arguments\": {\"city\": \"Rome\"}, \"name\": \"get_weather\"}\n</tool_call>"), 0);
+        assert_eq!(
+            n_streamed("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}"),
+            0
+        );
+        assert_eq!(n_streamed("ok <tool_call>\n{\"name\": \"get_w"), 0);
+    }
+
+    #[test]
+    fn arguments_stream_while_written() {
+        let t = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rio de Janeiro\", \"days\": 12}}\n</tool_call>";
+        let seen = progress(t);
+        let at = |s: &str| t.find(s).unwrap() + s.len() - 1;
+        // Nothing before the arguments object opens; then it grows with the text.
+        assert_eq!(seen[at("\"arguments\": ")], None);
+        assert_eq!(seen[at("\"arguments\": {")].as_deref(), Some("{"));
+        assert_eq!(seen[at("\"Rio de")].as_deref(), Some("{\"city\":\"Rio de"));
+        // The number waits for its end, the key for its value.
+        assert_eq!(
+            seen[at("\"days\": 1")].as_deref(),
+            Some("{\"city\":\"Rio de Janeiro\"")
+        );
+        assert_eq!(
+            seen[at("12}")].as_deref(),
+            Some("{\"city\":\"Rio de Janeiro\",\"days\":12}")
+        );
+        // All of it before the closing tag.
+        assert_eq!(
+            seen[at("</tool_call")].as_deref(),
+            Some("{\"city\":\"Rio de Janeiro\",\"days\":12}")
+        );
+    }
+
+    #[test]
+    fn forced_prefix_streams_after_it() {
+        // The server feeds a forced call's prefix before asking for streaming.
+        let mut p = QwenParser::new(&tools());
+        let mut out = Vec::new();
+        p.push(
+            &ToolFormat::Hermes
+                .forced_prefix(Some("get_weather"))
+                .unwrap(),
+            &mut out,
+        );
+        assert!(out.is_empty());
+        assert!(p.stream_calls());
+        for t in [
+            "{\"",
+            "city",
+            "\": \"",
+            "Paris",
+            "\"}",
+            "}\n",
+            "</tool_call>",
+        ] {
+            p.push(t, &mut out);
+        }
+        p.finish(&mut out);
+        check_stream_contract(&out);
+        assert_eq!(
+            whole(&out),
+            vec![call("get_weather", "{\"city\":\"Paris\"}")]
+        );
+        assert_eq!(
+            streamed(&out),
+            vec![(
+                "get_weather".to_string(),
+                "{\"city\":\"Paris\"}".to_string()
+            )]
+        );
+        assert!(
+            out.iter()
+                .filter(|p| matches!(p, Piece::CallArgs(_)))
+                .count()
+                > 1
+        );
+    }
+
+    #[test]
+    fn streamed_escapes_keep_the_value() {
+        // Escapes serde_json writes otherwise, and a repeated key: the streamed
+        // arguments stand (the same JSON value; they differ from the whole call's
+        // text).
+        let t = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\\u00fcrich\\/A\", \"days\": 1.0e1, \"days\": 3}}\n</tool_call>";
+        assert_eq!(
+            run(t),
+            vec![call("get_weather", r#"{"city":"Zürich/A","days":3}"#)]
+        );
+        let pieces = run_streaming(t);
+        let args = r#"{"city":"Zürich/A","days":10.0,"days":3}"#;
+        assert_eq!(whole(&pieces), vec![call("get_weather", args)]);
+        assert_eq!(
+            serde_json::from_str::<Value>(args).unwrap(),
+            json!({"city": "Zürich/A", "days": 3})
+        );
+    }
+
+    #[test]
+    fn a_started_call_that_turns_out_malformed_ends_closed() {
+        // Once started, a call cannot be taken back: a body that does not parse
+        // (here a missing `}`, then a cut-off output) ends as what was streamed,
+        // closed, where the whole-call path gives text.
+        let t = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}\n</tool_call>";
+        assert_eq!(run(t), vec![text(t)]);
+        let pieces = run_streaming(t);
+        assert_eq!(
+            whole(&pieces),
+            vec![call("get_weather", r#"{"city":"Paris"}"#)]
+        );
+        let t = "I will.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
+        assert_eq!(run(t), vec![text(t)]);
+        let pieces = run_streaming(t);
+        assert_eq!(
+            whole(&pieces),
+            vec![text("I will."), call("get_weather", r#"{"city":"Par"}"#)]
+        );
+        // Invalid JSON inside the arguments: streaming stops there.
+        let t = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa\nris\"}}\n</tool_call>";
+        assert_eq!(run(t), vec![text(t)]);
+        let pieces = run_streaming(t);
+        assert_eq!(streamed(&pieces)[0].1, r#"{"city":"Pa"#);
+        assert_eq!(
+            whole(&pieces),
+            vec![call("get_weather", r#"{"city":"Pa"}"#)]
+        );
+        // A `</tool_call>` inside a string cuts the body, as without streaming;
+        // the rest is text.
+        let t =
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"</tool_call>\"}}";
+        assert_eq!(run(t), vec![text(t)]);
+        let pieces = run_streaming(t);
+        assert_eq!(
+            whole(&pieces),
+            vec![call("get_weather", r#"{"city":""}"#), text("\"}}")]
+        );
     }
 }

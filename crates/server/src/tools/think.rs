@@ -206,11 +206,15 @@ impl ToolParser for ThinkParser {
     fn in_reasoning(&self) -> bool {
         self.state == State::Reasoning
     }
+
+    fn stream_calls(&mut self) -> bool {
+        self.inner.stream_calls()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{call, parse_all_splits, text};
+    use super::super::testutil::{call, parse_all_splits, parse_all_splits_streaming, text};
     use super::super::{PlainParser, QwenParser};
     use super::*;
     use serde_json::json;
@@ -335,6 +339,31 @@ mod tests {
             out,
             vec![
                 reasoning("Need weather."),
+                call("get_weather", "{\"city\":\"Oslo\"}")
+            ]
+        );
+    }
+
+    #[test]
+    fn streams_calls_after_reasoning_only() {
+        let tools = vec![json!({"type": "function", "function": {"name": "get_weather"}})];
+        let make = || -> Box<dyn ToolParser> {
+            Box::new(ThinkParser::new(
+                Box::new(QwenParser::new(&tools)),
+                PromptEnd::Outside,
+            ))
+        };
+        let out = parse_all_splits_streaming(
+            &make,
+            "<think>\n<tool_call>{\"name\": \"x\", \"arguments\": {\"a\": 1}}</tool_call>\n</think>\n\n\
+             <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        );
+        assert_eq!(
+            out,
+            vec![
+                reasoning("<tool_call>{\"name\": \"x\", \"arguments\": {\"a\": 1}}</tool_call>"),
+                Piece::CallStart("get_weather".into()),
+                Piece::CallArgs("{\"city\":\"Oslo\"}".into()),
                 call("get_weather", "{\"city\":\"Oslo\"}")
             ]
         );
