@@ -1,5 +1,6 @@
 """Tool round-trips (call → result → answer) on Qwen2.5-Coder-0.5B through all
-three official clients, the Responses API, and prefix caching across agent turns.
+three official clients, the Responses API, and prefix caching across agent turns;
+streamed calls arriving as a name, then argument pieces, on each streaming API.
 
 The 0.5B model keeps calling the tool when a tool result ends the conversation,
 so each round-trip sends the result followed by a short user turn asking for the
@@ -10,6 +11,7 @@ import json
 import anthropic
 import ollama
 import openai
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 SYSTEM = "You are a helpful assistant."
 WEATHER = {"type": "function", "function": {
@@ -19,6 +21,11 @@ WEATHER = {"type": "function", "function": {
 ASK = "What is the weather in Paris right now?"
 RESULT = "Sunny, 23 degrees Celsius."
 FOLLOW_UP = "Now tell me the answer in one sentence."
+WRITE_FILE = {"type": "function", "function": {
+    "name": "write_file", "description": "Write a text file.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                   "required": ["path", "content"]}}}
+SQUARES = "Write a Python script squares.py that prints the squares of 1 to 10, one per line."
 
 
 def oa(srv):
@@ -120,3 +127,92 @@ def test_ollama_tool_call(qwen):
              {"role": "user", "content": FOLLOW_UP}]
     r2 = c.chat(model=qwen.name, messages=msgs, tools=[WEATHER], options={"temperature": 0, "num_predict": 32})
     assert r2.message.content and r2.done
+
+
+def test_openai_streams_tool_call_arguments_in_pieces(qwen):
+    """A Hermes call streams as OpenAI's do: a first chunk with the call's index,
+    id, type and name (arguments ""), then chunks of argument text alone. The
+    official client's accumulator makes of them the non-streamed call (greedy).
+    The calls are forced (`required`, a named function) so that the model writes
+    them in `<tool_call>` tags: in auto mode this 0.5B model answers the weather
+    question with a bare JSON object, which is taken as a call only once whole
+    (test_openai_streamed_tool_call_and_forced_choice)."""
+    c = oa(qwen)
+    cases = [
+        dict(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
+             tools=[WEATHER], max_tokens=40, tool_choice="required"),
+        dict(messages=[{"role": "user", "content": SQUARES}], tools=[WRITE_FILE], max_tokens=300,
+             tool_choice={"type": "function", "function": {"name": "write_file"}}),
+    ]
+    for kw in cases:
+        r = c.chat.completions.create(model=qwen.name, temperature=0, **kw)
+        whole = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and whole, r.choices[0]
+        state = ChatCompletionStreamState()
+        starts, arg_chunks = [], {}
+        for ch in c.chat.completions.create(model=qwen.name, temperature=0, stream=True, **kw):
+            state.handle_chunk(ch)
+            for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                if tc.id:
+                    assert tc.type == "function" and tc.function.name and tc.function.arguments == "", tc
+                    starts.append(tc)
+                else:
+                    assert tc.function.name is None and tc.type is None, tc
+                if tc.function.arguments:
+                    arg_chunks[tc.index] = arg_chunks.get(tc.index, 0) + 1
+        final = state.get_final_completion().choices[0]
+        assert final.finish_reason == "tool_calls"
+        streamed = final.message.tool_calls
+        assert [(t.function.name, t.function.arguments) for t in streamed] == \
+            [(t.function.name, t.function.arguments) for t in whole]
+        assert [t.id for t in streamed] == [t.id for t in starts] and all(t.id.startswith("call_") for t in starts)
+        # More than one chunk carried each call's arguments.
+        assert len(arg_chunks) == len(whole) and min(arg_chunks.values()) > 1, arg_chunks
+    assert "\n" in json.loads(whole[0].function.arguments)["content"]
+
+
+def test_anthropic_and_responses_stream_tool_input_in_pieces(qwen):
+    """The same on the Anthropic API (a `tool_use` block opened with `input: {}`,
+    then `input_json_delta`s) and the Responses API (`function_call` item added,
+    then `function_call_arguments.delta`s, `.done` with them all): the pieces
+    make the non-streamed call."""
+    a = anthropic.Anthropic(base_url=qwen.base, api_key="none", max_retries=0, timeout=300)
+    tools = [{"name": "write_file", "description": "Write a text file.",
+              "input_schema": WRITE_FILE["function"]["parameters"]}]
+    kw = dict(model=qwen.name, max_tokens=300, extra_body={"temperature": 0}, tools=tools,
+              tool_choice={"type": "tool", "name": "write_file"}, messages=[{"role": "user", "content": SQUARES}])
+    whole = [b for b in a.messages.create(**kw).content if b.type == "tool_use"]
+    assert len(whole) == 1
+    partial, starts = [], []
+    with a.messages.stream(**kw) as s:
+        for ev in s:
+            if ev.type == "content_block_start" and ev.content_block.type == "tool_use":
+                starts.append(ev.content_block)
+            if ev.type == "content_block_delta" and ev.delta.type == "input_json_delta":
+                partial.append(ev.delta.partial_json)
+        m = s.get_final_message()
+    assert [b.name for b in starts] == ["write_file"] and starts[0].input == {}
+    assert len([p for p in partial if p]) > 1 and json.loads("".join(partial)) == whole[0].input
+    use = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and [(u.name, u.input) for u in use] == [("write_file", whole[0].input)]
+
+    c = oa(qwen)
+    tools = [{"type": "function", "name": "write_file", "description": "Write a text file.",
+              "parameters": WRITE_FILE["function"]["parameters"]}]
+    kw = dict(model=qwen.name, input=SQUARES, tools=tools, temperature=0, max_output_tokens=300,
+              tool_choice={"type": "function", "name": "write_file"})
+    whole = [o for o in c.responses.create(**kw).output if o.type == "function_call"]
+    assert len(whole) == 1
+    added, deltas, done = [], [], []
+    for ev in c.responses.create(stream=True, **kw):
+        if ev.type == "response.output_item.added" and ev.item.type == "function_call":
+            added.append(ev.item)
+        elif ev.type == "response.function_call_arguments.delta":
+            deltas.append(ev.delta)
+        elif ev.type == "response.function_call_arguments.done":
+            done.append(ev.arguments)
+        elif ev.type == "response.output_item.done" and ev.item.type == "function_call":
+            item = ev.item
+    assert [i.name for i in added] == ["write_file"] and added[0].arguments == ""
+    assert len(deltas) > 1 and done == ["".join(deltas)] == [whole[0].arguments] == [item.arguments]
+    assert item.call_id == added[0].call_id and item.id == added[0].id

@@ -333,12 +333,15 @@ enum Block {
 
 /// Turns generated text, reasoning and calls into Anthropic stream events
 /// (`content_block_start` / `_delta` / `_stop`): reasoning streams as a
-/// `thinking` block (`thinking_delta`), the answer as a `text` block.
+/// `thinking` block (`thinking_delta`), the answer as a `text` block, a call
+/// as a `tool_use` block (`input_json_delta`), whole or while it is written.
 #[derive(Debug, Default)]
 struct Blocks {
     /// Index of the next (or the open) block.
     index: usize,
     open: Option<Block>,
+    /// A streamed `tool_use` block is open.
+    tool_open: bool,
 }
 
 impl Blocks {
@@ -366,6 +369,46 @@ impl Blocks {
         ));
     }
 
+    /// Opens the `tool_use` block of a call being written (its `input` comes
+    /// as `input_json_delta`s).
+    fn call_start(&mut self, name: String, out: &mut Vec<(&'static str, Value)>) {
+        self.close(out);
+        let block = tool_use_block(&crate::tools::ToolCall {
+            name,
+            arguments: "{}".into(),
+        });
+        out.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+        ));
+        self.tool_open = true;
+    }
+
+    /// More of the open `tool_use` block's input.
+    fn call_delta(&mut self, partial: &str, out: &mut Vec<(&'static str, Value)>) {
+        if self.tool_open && !partial.is_empty() {
+            out.push(("content_block_delta", json!({"type": "content_block_delta",
+                "index": self.index, "delta": {"type": "input_json_delta", "partial_json": partial}})));
+        }
+    }
+
+    /// A call's end: the rest of a streamed block's input (the first
+    /// `streamed` bytes of its arguments went out) and its stop, or a whole block.
+    fn call_end(
+        &mut self,
+        call: &crate::tools::ToolCall,
+        streamed: Option<usize>,
+        out: &mut Vec<(&'static str, Value)>,
+    ) {
+        match streamed {
+            Some(n) if self.tool_open => {
+                self.call_delta(call.arguments.get(n..).unwrap_or_default(), out);
+                self.close(out);
+            }
+            _ => self.call(call, out),
+        }
+    }
+
     /// A whole `tool_use` block.
     fn call(&mut self, call: &crate::tools::ToolCall, out: &mut Vec<(&'static str, Value)>) {
         self.close(out);
@@ -384,9 +427,10 @@ impl Blocks {
         self.index += 1;
     }
 
-    /// Closes the open text or thinking block.
+    /// Closes the open text, thinking or streamed `tool_use` block.
     fn close(&mut self, out: &mut Vec<(&'static str, Value)>) {
-        if self.open.take().is_some() {
+        let tool = std::mem::take(&mut self.tool_open);
+        if self.open.take().is_some() || tool {
             out.push((
                 "content_block_stop",
                 json!({"type": "content_block_stop", "index": self.index}),
@@ -467,6 +511,7 @@ pub async fn messages(
         }))
         .into_response());
     }
+    gen.stream_calls();
     Ok(streaming("text/event-stream", move |tx| async move {
         let _slot = slot;
         let start = json!({"type": "message_start", "message": {
@@ -487,17 +532,31 @@ pub async fn messages(
                     GenEvent::Text(t) => blocks.delta(Block::Text, &t, &mut events_out),
                     GenEvent::Reasoning(t) => blocks.delta(Block::Thinking, &t, &mut events_out),
                     GenEvent::ToolCall {
-                        index: ci, call, ..
+                        index: ci,
+                        call,
+                        streamed,
                     } => {
                         if !parallel && ci > 0 {
                             continue;
                         }
-                        blocks.call(&call, &mut events_out);
+                        blocks.call_end(&call, streamed, &mut events_out);
                     }
-                    // Not asked for yet: calls come whole.
-                    GenEvent::ToolCallStart { .. }
-                    | GenEvent::ToolCallDelta { .. }
-                    | GenEvent::Logprobs(_) => {}
+                    GenEvent::ToolCallStart { index: ci, name } => {
+                        if !parallel && ci > 0 {
+                            continue;
+                        }
+                        blocks.call_start(name, &mut events_out);
+                    }
+                    GenEvent::ToolCallDelta {
+                        index: ci,
+                        arguments,
+                    } => {
+                        if !parallel && ci > 0 {
+                            continue;
+                        }
+                        blocks.call_delta(&arguments, &mut events_out);
+                    }
+                    GenEvent::Logprobs(_) => {}
                     GenEvent::Done { stop, usage, .. } => {
                         blocks.close(&mut events_out);
                         if let Stop::Error(msg) = &stop {

@@ -381,6 +381,12 @@ fn tool_call_json(index: Option<usize>, call: &crate::tools::ToolCall) -> Value 
     v
 }
 
+/// A streamed call's next arguments text, as a chunk's `delta` (the shape the
+/// official clients accumulate: `index` and `function.arguments` only).
+fn arguments_delta(index: usize, arguments: &str) -> Value {
+    json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
@@ -469,6 +475,7 @@ pub async fn chat_completions(
         }))
         .into_response());
     }
+    gen.stream_calls();
     Ok(streaming("text/event-stream", move |tx| async move {
         let _slot = slot;
         let chunk = |delta: Value, finish: Value, extra: Option<(&str, Value)>| {
@@ -502,19 +509,50 @@ pub async fn chat_completions(
                     GenEvent::Reasoning(t) => {
                         chunk(json!({"reasoning_content": t}), Value::Null, None)
                     }
-                    GenEvent::ToolCall { index, call, .. } => {
+                    GenEvent::ToolCall {
+                        index,
+                        call,
+                        streamed,
+                    } => {
                         if !parallel && index > 0 {
                             continue;
                         }
                         n_calls += 1;
+                        match streamed {
+                            None => chunk(
+                                json!({"tool_calls": [tool_call_json(Some(index), &call)]}),
+                                Value::Null,
+                                None,
+                            ),
+                            // The start and arguments so far went out: the rest.
+                            Some(n) => match call.arguments.get(n..) {
+                                Some(rest) if !rest.is_empty() => {
+                                    chunk(arguments_delta(index, rest), Value::Null, None)
+                                }
+                                _ => continue,
+                            },
+                        }
+                    }
+                    GenEvent::ToolCallStart { index, name } => {
+                        if !parallel && index > 0 {
+                            continue;
+                        }
+                        let call = crate::tools::ToolCall {
+                            name,
+                            arguments: String::new(),
+                        };
                         chunk(
                             json!({"tool_calls": [tool_call_json(Some(index), &call)]}),
                             Value::Null,
                             None,
                         )
                     }
-                    // Not asked for yet: calls come whole.
-                    GenEvent::ToolCallStart { .. } | GenEvent::ToolCallDelta { .. } => continue,
+                    GenEvent::ToolCallDelta { index, arguments } => {
+                        if !parallel && index > 0 {
+                            continue;
+                        }
+                        chunk(arguments_delta(index, &arguments), Value::Null, None)
+                    }
                     GenEvent::Logprobs(l) => chunk(
                         json!({}),
                         Value::Null,

@@ -383,6 +383,7 @@ pub async fn create(
         finish(&mut resp, &c.stop, &c.usage, c.reasoning_tokens, output);
         return Ok(axum::Json(resp).into_response());
     }
+    gen.stream_calls();
     Ok(streaming("text/event-stream", move |tx| async move {
         let _slot = slot;
         let mut seq = 0u64;
@@ -431,6 +432,8 @@ pub async fn create(
         };
         // The open reasoning item: (output index, item id, text so far).
         let mut thinking: Option<(usize, String, String)> = None;
+        // The function call being streamed: (call index, output index, item id, call id).
+        let mut open_call: Option<(usize, usize, String, String)> = None;
         let close_thinking =
             |thinking: &mut Option<(usize, String, String)>,
              output: &mut Vec<Value>,
@@ -501,8 +504,67 @@ pub async fn create(
                             ));
                         }
                     }
-                    GenEvent::ToolCall { index, call, .. } => {
+                    GenEvent::ToolCallStart { index, name } => {
+                        let call = crate::tools::ToolCall {
+                            name,
+                            arguments: String::new(),
+                        };
+                        // Free-form input is not JSON: such a call comes whole.
+                        if (!parallel && index > 0) || catalog.is_custom(&call) {
+                            continue;
+                        }
+                        close_thinking(&mut thinking, &mut output, &mut out, &mut ev);
+                        close_msg(&mut msg, &mut output, &mut out, &mut ev);
+                        let oi = output.len();
+                        let item_id = format!("fc_{}", random_id(24));
+                        let call_id = format!("call_{}", random_id(24));
+                        out.push(ev(
+                            "response.output_item.added",
+                            json!({"output_index": oi,
+                            "item": catalog.call_item(&item_id, &call_id, &call, "in_progress")}),
+                        ));
+                        open_call = Some((index, oi, item_id, call_id));
+                    }
+                    GenEvent::ToolCallDelta { index, arguments } => {
+                        if let Some((_, oi, item_id, _)) =
+                            open_call.as_ref().filter(|c| c.0 == index)
+                        {
+                            out.push(ev(
+                                "response.function_call_arguments.delta",
+                                json!({"item_id": item_id, "output_index": oi, "delta": arguments}),
+                            ));
+                        }
+                    }
+                    GenEvent::ToolCall {
+                        index,
+                        call,
+                        streamed,
+                    } => {
                         if !parallel && index > 0 {
+                            continue;
+                        }
+                        if let Some((_, oi, item_id, call_id)) =
+                            open_call.take().filter(|c| c.0 == index)
+                        {
+                            // Streamed: the rest of its arguments, then its end.
+                            let rest = call.arguments.get(streamed.unwrap_or(0)..);
+                            if let Some(rest) = rest.filter(|r| !r.is_empty()) {
+                                out.push(ev(
+                                    "response.function_call_arguments.delta",
+                                    json!({"item_id": item_id, "output_index": oi, "delta": rest}),
+                                ));
+                            }
+                            let item = catalog.call_item(&item_id, &call_id, &call, "completed");
+                            out.push(ev(
+                                "response.function_call_arguments.done",
+                                json!({"item_id": item_id,
+                                "output_index": oi, "name": item["name"], "arguments": call.arguments}),
+                            ));
+                            out.push(ev(
+                                "response.output_item.done",
+                                json!({"output_index": oi, "item": item.clone()}),
+                            ));
+                            output.push(item);
                             continue;
                         }
                         close_thinking(&mut thinking, &mut output, &mut out, &mut ev);
@@ -545,10 +607,7 @@ pub async fn create(
                         ));
                         output.push(item);
                     }
-                    // Not asked for yet: calls come whole.
-                    GenEvent::ToolCallStart { .. }
-                    | GenEvent::ToolCallDelta { .. }
-                    | GenEvent::Logprobs(_) => {}
+                    GenEvent::Logprobs(_) => {}
                     GenEvent::Done {
                         stop,
                         usage,
