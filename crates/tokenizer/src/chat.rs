@@ -24,6 +24,7 @@ use serde_json::{json, Map, Value as Json};
 use tempo9_gguf::GgufFile;
 
 use crate::deadline::{self, TEMPLATE_DEADLINE};
+use crate::handler::{Continued, Handler};
 use crate::{Literals, Tokenizer, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -83,6 +84,8 @@ pub struct ChatTemplate {
     /// The markup around an assistant turn's reasoning, e.g. `("<think>\n",
     /// "\n</think>\n\n")`, when the template renders `reasoning_content`.
     reasoning: Option<(String, String)>,
+    /// llama.cpp's dedicated handler for this template, if it has one.
+    handler: Handler,
     /// The tokenizer's control-token strings: escaped in message and tool
     /// text before rendering (see [`crate::literal`]); none for a template
     /// made without a tokenizer.
@@ -150,6 +153,7 @@ impl ChatTemplate {
                 line: e.line().unwrap_or(0),
                 message: error_message(&e),
             })?;
+        let handler = Handler::detect(&source);
         let mut t = ChatTemplate {
             env: Arc::new(env),
             overrunning: Arc::default(),
@@ -166,6 +170,7 @@ impl ChatTemplate {
                 object_arguments: false,
             },
             reasoning: None,
+            handler,
             literals: Literals::default(),
         };
         t.caps = t.probe_caps();
@@ -260,10 +265,24 @@ impl ChatTemplate {
             Some(m) if m["role"] == "assistant" => msgs.pop(),
             _ => None,
         };
+        self.handler.adjust(&mut msgs);
         match continued {
-            None => self.apply(&msgs, &tools, add_generation_prompt, opts),
+            None => {
+                let mut out = self.apply(&msgs, &tools, add_generation_prompt, opts)?;
+                self.handler.finish(&mut out, add_generation_prompt);
+                Ok(out)
+            }
             Some(last) => {
-                let without = self.apply(&msgs, &tools, false, opts)?;
+                let mut without = self.apply(&msgs, &tools, false, opts)?;
+                let own = Continued {
+                    reasoning: last["reasoning_content"].as_str().unwrap_or(""),
+                    content: content_text(&last["content"], "\n\n"),
+                };
+                if let Some(turn) = self.handler.continuation(&without, &own) {
+                    self.handler.finish(&mut without, false);
+                    without.push_str(&turn);
+                    return Ok(without);
+                }
                 let with = self.apply(&msgs, &tools, true, opts)?;
                 let common = without
                     .bytes()
@@ -307,18 +326,21 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
         let (messages, tools) = self.escape_inputs(messages, tools);
-        let msgs = self.normalize_messages(&messages)?;
+        let mut msgs = self.normalize_messages(&messages)?;
         let tools = tools
             .as_deref()
             .map(normalize_tools)
             .transpose()?
             .unwrap_or_default();
-        self.apply(
+        self.handler.adjust(&mut msgs);
+        let mut out = self.apply(
             &msgs,
             &tools,
             add_generation_prompt,
             &TemplateOptions::default(),
-        )
+        )?;
+        self.handler.finish(&mut out, add_generation_prompt);
+        Ok(out)
     }
 
     /// Messages and tools with control-token strings escaped in all their

@@ -21,8 +21,9 @@
 //! - Special tokens of equal length are tried in id order (llama.cpp's sort
 //!   is unstable); this only matters for overlapping equal-length tokens.
 //! - Chat-template capabilities are found by rendering probes instead of
-//!   llama.cpp's usage statistics; llama.cpp's model-specific chat handlers
-//!   (GPT-OSS, Gemma 4, …) and reasoning-effort inputs are not reproduced;
+//!   llama.cpp's usage statistics; of llama.cpp's model-specific chat
+//!   handlers only Ministral 3's, GPT-OSS's and Gemma 4's message reshaping
+//!   and continuation are reproduced; reasoning-effort inputs are not;
 //!   non-text content parts are dropped rather than rejected; `tojson`
 //!   supports `sort_keys`; `strftime_now` uses UTC.
 
@@ -32,6 +33,7 @@
 mod bpe;
 mod chat;
 mod deadline;
+mod handler;
 mod literal;
 mod pretok;
 mod pretype;

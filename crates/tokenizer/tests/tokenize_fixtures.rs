@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{clip, load_fixture, open_model, MODELS};
+use common::{clip, load_fixture, open_model, CODER_1_5B, MODELS};
 use tempo9_tokenizer::{StreamDecoder, Tokenizer};
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
@@ -101,4 +101,9 @@ fn qwen25_coder_matches_llama_cpp() {
 #[test]
 fn gemma3_matches_llama_cpp() {
     check_model(MODELS[2].0, MODELS[2].1);
+}
+
+#[test]
+fn qwen25_coder_1_5b_matches_llama_cpp() {
+    check_model(CODER_1_5B.0, CODER_1_5B.1);
 }

@@ -13,6 +13,13 @@ pub const MODELS: [(&str, &str); 3] = [
     ("gemma3", "gemma-3-270m-q4_k_m.gguf"),
 ];
 
+/// The optional larger real model (`scripts/fetch-models.sh qwen2.5-coder-1.5b`;
+/// the test command fetches it) and its fixture directory.
+pub const CODER_1_5B: (&str, &str) = (
+    "qwen2.5-coder-1.5b",
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+);
+
 /// `$TEMPO9_MODELS` or `~/.cache/tempo9/models`.
 pub fn models_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("TEMPO9_MODELS") {
