@@ -124,6 +124,49 @@ fn qwen_xml_calls_follow_the_parameters() {
     ));
 }
 
+/// `tool_choice: auto` on Qwen3.5: free text (and reasoning) until the model
+/// opens `<tool_call>` outside `<think>`, then calls that follow the tools.
+#[test]
+fn qwen_xml_auto_leaves_text_free_until_a_call_opens() {
+    let Some(tok) = vocab("ggml-vocab-qwen35.gguf") else {
+        return;
+    };
+    let weather = "<tool_call>\n<function=get_weather>\n<parameter=location>\nOslo\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>";
+    for starts_inside in [false, true] {
+        let mut f = ToolCallFormat::qwen_xml();
+        f.reasoning = Some(tempo9_grammar::ReasoningMarkup {
+            open: "<think>".into(),
+            close: "</think>".into(),
+            starts_inside,
+        });
+        // The prompt's open `<think>` (thinking on) or none.
+        let think = if starts_inside {
+            "I could write <tool_call> here.\n</think>\n\n"
+        } else {
+            "<think>\nI could write <tool_call> here.\n</think>\n\n"
+        };
+        let cases: &[(String, bool)] = &[
+            (format!("{think}It is sunny."), true),
+            (format!("{think}Let me look.\n{weather}"), true),
+            (format!("{think}{weather}\n{weather}"), true),
+            // An unknown tool; a value outside the enum; prose after the calls.
+            (
+                format!("{think}<tool_call>\n<function=get_time>\n</function>\n</tool_call>"),
+                false,
+            ),
+            (
+                format!("{think}{}", weather.replace("celsius", "kelvin")),
+                false,
+            ),
+            (format!("{think}{weather}\nDone."), false),
+        ];
+        for (text, want) in cases {
+            let mut c = compile(&tok, f.clone(), ToolChoice::Auto);
+            assert_eq!(accepts(&mut c, &tok, text), *want, "{text:?}");
+        }
+    }
+}
+
 #[test]
 fn harmony_calls_name_the_tool_in_the_header() {
     let Some(tok) = tokenizer(QWEN) else { return };

@@ -130,3 +130,82 @@ fn throughput_cost_smollm2() {
 fn throughput_cost_qwen() {
     compare(QWEN);
 }
+
+/// What a `tool_choice: auto` grammar costs per token while the model writes
+/// free text (reasoning, then an answer) before any call: the mask of every
+/// step, in Qwen3.5's vocabulary, for its XML calls and for Hermes JSON calls
+/// (the same trigger, `<tool_call>`). Masks are computed during the forward
+/// pass; this is the time they take.
+#[test]
+#[ignore = "timing; run on a quiet machine"]
+fn auto_tool_grammar_cost_per_free_token() {
+    use tempo9_grammar::{ReasoningMarkup, ToolCallFormat, ToolCallGrammar, ToolChoice, ToolSpec};
+    let dir = std::env::var_os("TEMPO9_VOCAB")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/tempo9/vocab")
+        });
+    let Ok(f) = tempo9_gguf::GgufFile::open(dir.join("ggml-vocab-qwen35.gguf")) else {
+        eprintln!("skipping: no Qwen3.5 vocabulary (scripts/fetch-models.sh vocab)");
+        return;
+    };
+    let tok = Arc::new(Tokenizer::from_gguf(&f).expect("tokenizer"));
+    let compiler = GrammarCompiler::for_tokenizer(&tok).expect("compiler");
+    let paragraph = "The user wants the weather in Oslo and a packing list. I could call \
+        get_weather, but first let me think about what <tool_call> would need: a location \
+        and a unit. Oslo in December is cold, often below zero, with snow and short days. ";
+    // The answer mentions no call markup (that would open a call).
+    let answer = "Oslo in December is cold, often below zero, with snow and short days: \
+        pack a warm coat, boots with a good grip, gloves, a hat and a thermos. ";
+    let text = format!(
+        "<think>\n{}</think>\n\n{}",
+        paragraph.repeat(6),
+        answer.repeat(8)
+    );
+    let ids = tok.encode(&text, false, true);
+    let tools = vec![ToolSpec {
+        name: "get_weather".into(),
+        parameters: Some(json!({"type": "object",
+            "properties": {"location": {"type": "string"},
+                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["location", "unit"]})),
+        strict: false,
+    }];
+    for (name, mut format) in [
+        ("qwen xml", ToolCallFormat::qwen_xml()),
+        ("hermes", ToolCallFormat::hermes()),
+    ] {
+        format.reasoning = Some(ReasoningMarkup {
+            open: "<think>".into(),
+            close: "</think>".into(),
+            starts_inside: false,
+        });
+        let g = ToolCallGrammar {
+            format,
+            tools: tools.clone(),
+            choice: ToolChoice::Auto,
+            parallel: true,
+        }
+        .build(&tok)
+        .expect("grammar");
+        let mut times = Vec::new();
+        for _ in 0..REPS {
+            let mut c = compiler.compile(&g).expect("compile");
+            let t0 = Instant::now();
+            for &t in &ids {
+                let m = c.compute_mask_words().expect("mask");
+                let refused = m[t as usize / 32] & (1 << (t % 32)) == 0;
+                assert!(!refused, "{name}: {:?} refused", tok.token_piece(t, true));
+                c.accept_token(t).expect("accept");
+            }
+            times.push(t0.elapsed().as_secs_f64() / ids.len() as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        eprintln!(
+            "{name}: {} free tokens, grammar {:.1} µs/token (median of {REPS})",
+            ids.len(),
+            times[REPS / 2] * 1e6
+        );
+    }
+}

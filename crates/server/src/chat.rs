@@ -197,15 +197,10 @@ pub fn tool_call_grammar(
     let gchoice = match choice {
         ToolChoice::None => return Ok(None),
         ToolChoice::Auto if gformat.begin.is_empty() && gformat.open.is_empty() => return Ok(None),
-        // Auto mode is left to the parsers here: harmony's and Gemma 4's free text
-        // (other channels, thinking) holds control tokens a text rule cannot
-        // produce, and Qwen XML's has not been measured with a grammar yet.
-        ToolChoice::Auto
-            if matches!(
-                format,
-                ToolFormat::Harmony | ToolFormat::Gemma4 | ToolFormat::QwenXml
-            ) =>
-        {
+        // Auto mode is left to the parsers here for harmony and Gemma 4: their
+        // free text (other channels, thinking) holds control tokens a text rule
+        // cannot produce.
+        ToolChoice::Auto if matches!(format, ToolFormat::Harmony | ToolFormat::Gemma4) => {
             return Ok(None)
         }
         ToolChoice::Auto => G::Auto,
