@@ -232,7 +232,8 @@ def run_file(mf, ks, cg, engine, args):
             source = {"fixture": "tests/fixtures/%s/greedy/%s" % (mf.greedy_dir, fx_name), "codegen": fx_codegen}
             tie = TIE_REAL if mf.real else TIE_SYNTH
             try:
-                alone, outs = greedy_alone(srv.base, fixture, tie, args.budget, mf.arch)
+                alone, outs = greedy_alone(srv.base, fixture, tie, args.budget, mf.arch,
+                                           "--flash-decode" in mf.serve_flags)
             except Exception as e:
                 alone, outs = Cell(FAIL, "%s: %s" % (type(e).__name__, e)), None
             alone.numbers.update(source)

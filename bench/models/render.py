@@ -134,6 +134,9 @@ def render(runs, cuda):
         lines.append("")
         lines.append("`%s` (%s, `%s`): %s." % (mf.file, "real" if mf.real else "synthetic", mf.arch, mf.about))
         lines.append("")
+        for note in mf.notes:
+            lines.append(note)
+            lines.append("")
         for run in runs:
             f = run["files"].get(mf.name)
             m = run["meta"]

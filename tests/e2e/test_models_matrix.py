@@ -114,3 +114,8 @@ def test_near_tie_margins_are_the_parity_tests():
     assert checks.tie_at(long_case, 5, checks.TIE_REAL, "qwen2") == checks.TIE_MATMUL
     assert checks.tie_at({"prompt_ids": [0] * 10}, 5, checks.TIE_REAL, "qwen2") == checks.TIE_REAL
     assert checks.tie_at(long_case, 5, checks.TIE_SYNTH, "qwen35moe") == checks.TIE_MATMUL_HYBRID
+    # Served with --flash-decode (the Gemma 4 files), as the parity test's flash_decode.
+    assert checks.tie_at(long_case, 5, checks.TIE_SYNTH, "gemma4", flash_decode=True) == checks.TIE_SYNTH
+    assert re.search(r'fn flash_decode\(dir: &str\) -> bool \{\s*dir.starts_with\("gemma4"\)', parity)
+    for mf in FILES:
+        assert ("--flash-decode" in mf.serve_flags) == (mf.greedy_dir or "").startswith("gemma4"), mf.name

@@ -162,6 +162,13 @@ pub struct ModelArgs {
     /// the share of sliding layers (5 of 6).
     #[arg(long)]
     pub swa_full: bool,
+    /// Decode rows attend through flash attention at any depth, as llama.cpp's do
+    /// (with `--swa-full` and llama.cpp's thread count, its numbers bit for bit
+    /// where ggml's kernels allow: how the model matrix compares Gemma 4's
+    /// random-weight files). By default the CPU attends past a few hundred cells
+    /// through matrix multiplications, which is faster there and rounds differently.
+    #[arg(long)]
+    pub flash_decode: bool,
     /// Sliding-window layers keep, for a cached prefix, the window before every
     /// multiple of this many tokens (llama.cpp spaces its context checkpoints the
     /// same), so a prompt that forks from a cached one reuses it up to the last such
@@ -275,6 +282,7 @@ impl ModelArgs {
             ssd: self.ssd_config(),
             deterministic: self.deterministic,
             swa_full: self.swa_full,
+            flash_decode: self.flash_decode,
             window_checkpoint_tokens: self.swa_checkpoint,
             state_checkpoint_tokens: self.state_checkpoint,
             answer_state_checkpoints: self.answer_state_checkpoints,
