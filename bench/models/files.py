@@ -71,16 +71,7 @@ FILES = [
     ModelFile("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2", True,
               "Qwen2.5-Coder-1.5B-Instruct Q4_K_M", greedy_dir="qwen2.5-coder-1.5b",
               tokenizer_tests=(("tokenize_fixtures", "qwen25_coder_1_5b_matches_llama_cpp"),),
-              template_test=("chat_fixtures", "qwen25_coder_1_5b_chat_matches_llama_cpp"),
-              notes=("Its greedy batched fail comes from the prefix cache, not from batching: the "
-                     "batched requests repeat the alone runs' prompts, and a repeated prompt "
-                     "shorter than 64 tokens has all but its last token copied from the cache and "
-                     "that token computed as a row of its own, which on this file rounds apart "
-                     "from the same row in the whole prompt's pass (`json`, 17 tokens: the first "
-                     "step's log-probability -0.8217 against -0.8277, then a parting at step 48). "
-                     "Sent to fresh servers, the same four prompts batched equal their alone runs "
-                     "exactly on all 64 steps, with and without `--deterministic` (2026-12-05, "
-                     "this machine).",)),
+              template_test=("chat_fixtures", "qwen25_coder_1_5b_chat_matches_llama_cpp")),
     ModelFile("gemma3-270m", "gemma-3-270m-q4_k_m.gguf", "gemma3", True,
               "Gemma 3 270M Q4_K_M (no chat template: ChatML fallback)", greedy_dir="gemma3",
               tokenizer_tests=(("tokenize_fixtures", "gemma3_matches_llama_cpp"),),

@@ -18,7 +18,8 @@
 //! in any piece that starts at a multiple of [`ROW_GROUP`] at or before it: another
 //! prompt with the same tokens up to there, computed with the same kernel (prompts
 //! both under a chunk, or both not), may copy those cells (a multiple of
-//! [`ROW_GROUP`] of them) and compute the rest, getting the numbers it would get
+//! [`ROW_GROUP`] of them) and compute the rest, at least a block of it (pieces of
+//! fewer rows were measured to round apart), getting the numbers it would get
 //! without the copy. A copy is at most one page of cells.
 //!
 //! Sources are pages whose leading cells hold a prompt's exact KV: the page where a

@@ -154,9 +154,9 @@ fn same_tokens_alone_batched_warm_and_preempted() {
             let n = p.len();
             let pages = n.saturating_sub(16) / 64 * 64;
             let exact = n / 16 * 16;
-            let keep = if n >= 64 { 16 } else { 1 };
+            // A copy leaves a 16-token block to compute, as a hit does.
             let copy = if exact > pages && exact < pages + 64 {
-                (exact - pages).min(n - pages - keep) / 16 * 16
+                (exact - pages).min(n - pages - 16) / 16 * 16
             } else {
                 0
             };
@@ -644,7 +644,8 @@ fn startup_memory_does_not_depend_on_context() {
 
 /// Prompts shorter than a chunk share the prefix they have in common with another
 /// short prompt's first page, finished (kept in the prefix cache) or still running,
-/// by copying its KV cells; the numbers are those of the prompt alone, bit for bit
+/// by copying its KV cells, leaving at least a 16-token block to compute; the numbers
+/// are those of the prompt alone, bit for bit
 /// (also through the 16-row blocks of the repacked Q4_K matmuls and Gemma 3's
 /// sliding-window layers).
 #[test]
@@ -653,14 +654,14 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
     for (file, model, tok) in real_models() {
         let enc = |s: &str| tok.encode(s, true, true);
         let probe = |p: &[u32]| with_logprobs(p, 48);
-        let system = "You are a helpful senior software engineer. Answer in detail. ";
+        let system = "You are a helpful senior software engineer who mentors new colleagues on the storage team. Answer in detail. ";
         let a = enc(&format!(
             "{system}Explain hash maps to a new team member. (request 1 of 1)"
         ));
         let b = enc(&format!(
             "{system}Explain hash maps to a new team member. (request 1 of 4)"
         ));
-        let other = "You are a terse assistant for a team of backend engineers; answer every question in one short line. ";
+        let other = "You are a terse assistant for a team of backend engineers who run databases, queues and caches; answer every question in one short line. ";
         let c = enc(&format!("{other}Name three sorting algorithms, please."));
         let d = enc(&format!("{other}Name three graph algorithms, please."));
         for p in [&a, &b, &c, &d] {
@@ -676,7 +677,7 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
         assert_eq!(out_a.finish.usage.cached_tokens, 0);
         // `b` copies what it shares with `a`'s finished page.
         let out_b = run_batch(&mut eng, vec![probe(&b)]).remove(0);
-        let want_b = common(&a, &b).min(b.len() - 1) / 16 * 16;
+        let want_b = common(&a, &b).min(b.len() - 16) / 16 * 16;
         assert!(want_b >= 16, "{file}: a and b share {want_b}");
         assert_eq!(out_b.finish.usage.cached_tokens, want_b, "{file}: b's copy");
         // `d` arrives while `c` decodes: it copies from `c`'s running page.
@@ -686,7 +687,7 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
         eng.run_until_idle().expect("run");
         eng.check_invariants().expect("invariants");
         let (out_c, out_d) = (collect(&mut sc), collect(&mut sd));
-        let want_d = common(&c, &d).min(d.len() - 1) / 16 * 16;
+        let want_d = common(&c, &d).min(d.len() - 16) / 16 * 16;
         assert!(want_d >= 16, "{file}: c and d share {want_d}");
         assert_eq!(out_d.finish.usage.cached_tokens, want_d, "{file}: d's copy");
         assert_eq!(
@@ -703,6 +704,50 @@ fn short_prompts_copy_a_shared_prefix_exactly() {
             same_as_alone(file, name, o, &alone(p));
         }
         assert_eq!(eng.stats().kv_pages_used, 0);
+    }
+}
+
+/// The same short prompt twice on one engine: the second time copies the blocks the
+/// first left cached and computes the rest, and its tokens and log-probabilities are
+/// the first's, bit for bit, on the three real models and Qwen2.5-Coder-1.5B (Q4_K
+/// and Q6_K weights, all repacked or dot products), where a copy that left 1 to 6
+/// rows to compute moved the first log-probability by up to 0.019 nats (a repeated
+/// greedy request then answered differently).
+#[test]
+fn repeated_short_prompts_are_exact() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let files = MODELS
+        .iter()
+        .map(|&(_, f)| f)
+        .chain(["qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"]);
+    for file in files {
+        let Some(model) = load(file) else {
+            continue;
+        };
+        let tok = tokenizer(&model);
+        let text = tok.encode(
+            "Write a function that parses a JSON array of user records, keeps the ones \
+             whose email is verified, and returns their names sorted by signup date; \
+             then write its unit tests, one per edge case.",
+            true,
+            true,
+        );
+        let sizes = [17, 18, 20, 31, 32, 33, 34, 38];
+        assert!(text.len() >= 38, "{file}: {} tokens", text.len());
+        let mut eng = core(&model, &tok, 64 << 20);
+        for n in sizes {
+            let p = &text[..n];
+            let alone =
+                run_batch(&mut core(&model, &tok, 64 << 20), vec![with_logprobs(p, 8)]).remove(0);
+            for round in ["first", "again"] {
+                let got = run_batch(&mut eng, vec![with_logprobs(p, 8)]).remove(0);
+                same_as_alone(file, &format!("{n} tokens, {round}"), &got, &alone);
+            }
+        }
+        // From 32 tokens on, a 16-token block is copied (from the shorter prompts
+        // before, then from the first round) and 16 to 22 rows are computed.
+        assert_eq!(eng.stats().prefix_copied_tokens, 8 * 16, "{file}");
+        eng.check_invariants().expect("invariants");
     }
 }
 
