@@ -146,6 +146,9 @@ def render(runs, cuda):
             if not f:
                 lines.append("- not run: no result for this file in these runs")
                 continue
+            if f.get("tempo9"):
+                lines.append("Run at Tempo9 `%s`:" % f["tempo9"])
+                lines.append("")
             for key, title in CHECKS:
                 c = f["cells"].get(key)
                 if not c:
