@@ -269,20 +269,12 @@ pub(crate) fn find_any(buf: &str, markers: &[&str]) -> Option<(usize, usize)> {
 pub(crate) fn json_end(s: &str) -> Option<usize> {
     let start = s.len() - s.trim_start().len();
     let mut depth = 0usize;
-    let mut in_str = false;
-    let mut escaped = false;
+    let mut strings = JsonStrings::default();
     for (i, c) in s[start..].char_indices() {
-        if in_str {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_str = false,
-                _ => {}
-            }
+        if !strings.structural(c) {
             continue;
         }
         match c {
-            '"' => in_str = true,
             '{' | '[' => depth += 1,
             '}' | ']' => {
                 depth = depth.checked_sub(1)?;
@@ -295,6 +287,33 @@ pub(crate) fn json_end(s: &str) -> Option<usize> {
         }
     }
     None
+}
+
+/// Where a scan over JSON text stands with respect to string literals.
+#[derive(Default)]
+pub(crate) struct JsonStrings {
+    /// Inside a string literal.
+    pub in_str: bool,
+    /// Just after a backslash inside one.
+    pub escaped: bool,
+}
+
+impl JsonStrings {
+    /// Takes the next character; true when it is outside every string literal and
+    /// not a quote (a brace or bracket there opens or closes a container).
+    pub fn structural(&mut self, c: char) -> bool {
+        if self.in_str {
+            match (self.escaped, c) {
+                (true, _) => self.escaped = false,
+                (false, '\\') => self.escaped = true,
+                (false, '"') => self.in_str = false,
+                _ => {}
+            }
+            return false;
+        }
+        self.in_str = c == '"';
+        !self.in_str
+    }
 }
 
 /// A tool call from a JSON object shaped like `{"name", "arguments"|"parameters"}`

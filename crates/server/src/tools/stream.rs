@@ -508,19 +508,12 @@ pub(crate) fn close_json(prefix: &str) -> String {
         return format!("{prefix}{{}}");
     }
     let mut closers = Vec::new();
-    let (mut in_str, mut escaped) = (false, false);
+    let mut strings = super::JsonStrings::default();
     for c in prefix.chars() {
-        if in_str {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_str = false,
-                _ => {}
-            }
+        if !strings.structural(c) {
             continue;
         }
         match c {
-            '"' => in_str = true,
             '{' => closers.push('}'),
             '[' => closers.push(']'),
             '}' | ']' => {
@@ -530,8 +523,8 @@ pub(crate) fn close_json(prefix: &str) -> String {
         }
     }
     let mut s = prefix.to_string();
-    if in_str {
-        if escaped {
+    if strings.in_str {
+        if strings.escaped {
             s.pop();
         }
         s.push('"');
